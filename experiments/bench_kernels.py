@@ -1,0 +1,235 @@
+"""Both kernel twins at their default configs next to PyTorch, in one run.
+
+    python -m experiments.bench_kernels [--quick] [--only elementwise,gemm,mlp]
+
+Every case is checked against a reference before it is timed (a wrong kernel
+is reported as such and never timed). Times are medians of many repetitions
+with L2 flushed between them (autotune.timing.bench). Writes
+experiments/results/kernels_<gpu>.csv, one row per (case, backend), with the
+provenance columns, and prints a table.
+
+The two ceilings every row is compared with are measured in the same run: a
+device-to-device copy (bytes read + written) and cuBLAS through torch on the
+same GEMM shape (`vs_torch`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from autotune.provenance import device_slug, provenance
+from autotune.timing import bench
+from kernels_cuda.reference import exact, native
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Case:
+    group: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str = "nn"
+    kwargs: dict = field(default_factory=dict)
+    configs: dict = field(default_factory=dict)  # backend -> list of (label, config overrides)
+
+
+def elementwise_cases(n_rows: int) -> list[Case]:
+    # 256M fp32 elements (1 GiB per tensor): far past L2, one launch ~0.5 ms.
+    shape = (n_rows, 4096)
+    vec = {"cuda": [("default", None), ("VEC=1", {"VEC": 1}), ("VEC=4", {"VEC": 4})]}
+    return [
+        Case("elementwise", "relu", "fp32", shape, configs=vec),
+        Case("elementwise", "relu_backward", "fp32", shape, configs=vec),
+        Case("elementwise", "bias_add", "fp32", shape, configs=vec),
+    ]
+
+
+def gemm_cases(size: int) -> list[Case]:
+    return [Case("gemm", "matmul", dt, (size, size, size)) for dt in ("fp32", "fp16", "bf16")]
+
+
+def mlp_cases(dtypes: list[str]) -> list[Case]:
+    """The GEMMs of an MLP layer: forward X·W, and the two backward products."""
+    cases = []
+    for dt in dtypes:
+        for batch in (32, 128, 1024):
+            for fan_in in (784, 1024, 4096):
+                for fan_out in (10, 1024, 4096):
+                    cases.append(Case("mlp", "matmul", dt, (batch, fan_out, fan_in), "nn",
+                                      {"bias": True, "activation": "relu"}))
+                    cases.append(Case("mlp", "matmul", dt, (fan_in, fan_out, batch), "tn"))
+                    cases.append(Case("mlp", "matmul", dt, (batch, fan_in, fan_out), "nt"))
+    return cases
+
+
+def _randn(shape, dtype, gen, device):
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+def make_call(case: Case, gen: torch.Generator, device: torch.device):
+    """Inputs for one case and a function (module, config) -> result."""
+    dt = DTYPES[case.dtype]
+    if case.op == "matmul":
+        m, n, k = case.shape
+        a = _randn((k, m) if case.layout[0] == "t" else (m, k), dt, gen, device)
+        b = _randn((n, k) if case.layout[1] == "t" else (k, n), dt, gen, device)
+        bias = _randn((n,), dt, gen, device) if case.kwargs.get("bias") else None
+        kw = dict(bias=bias, activation=case.kwargs.get("activation"),
+                  trans_a=case.layout[0] == "t", trans_b=case.layout[1] == "t")
+        args = (a, b)
+        nbytes = (m * k + k * n + m * n) * a.element_size()
+        work = 2.0 * m * n * k
+    else:
+        x = _randn(case.shape, dt, gen, device)
+        if case.op == "relu":
+            args, kw = (x,), {}
+            nbytes = 2 * x.numel() * x.element_size()
+        elif case.op == "relu_backward":
+            args, kw = (_randn(case.shape, dt, gen, device), torch.relu(x)), {}
+            nbytes = 3 * x.numel() * x.element_size()
+        else:
+            bias = _randn((case.shape[1],), dt, gen, device)
+            args, kw = (x, bias), {}
+            nbytes = (2 * x.numel() + bias.numel()) * x.element_size()
+        work = None
+    return args, kw, nbytes, work
+
+
+def check(case: Case, out: torch.Tensor, args, kw) -> str | None:
+    if case.op == "matmul":
+        ref = getattr(exact, case.op)(*args, **kw)
+        err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        tol = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}[case.dtype]
+        if not err <= tol:
+            return f"relative error {err:.2e} > {tol:.0e}"
+        return None
+    ref = getattr(native, case.op)(*args, **kw)
+    if not torch.equal(out, ref):
+        return f"{(out != ref).sum().item()} elements differ from torch"
+    return None
+
+
+def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[dict]:
+    args, kw, nbytes, work = make_call(case, gen, device)
+    rows, torch_ms = [], None
+    for backend, module in backends.items():
+        variants = case.configs.get(backend, [("default", None)]) if backend != "torch" else [("cuBLAS/aten", None)]
+        for label, config in variants:
+            fn_op = getattr(module, case.op)
+            extra = {} if backend == "torch" else {"config": config}
+            row = dict(group=case.group, op=case.op, backend=backend, dtype=case.dtype,
+                       shape="x".join(map(str, case.shape)) + (f":{case.layout}" if case.op == "matmul" else ""),
+                       config_label=label, config="" if config is None else str(config))
+            try:
+                out = fn_op(*args, **kw, **extra)
+                torch.cuda.synchronize()
+                problem = check(case, out, args, kw)
+            except Exception as exc:  # a failing kernel is a result to report, not a crash
+                problem = f"{type(exc).__name__}: {exc}"
+            if problem:
+                row.update(status="wrong_result" if "error" in problem or "differ" in problem else "error",
+                           error=problem[:300])
+                rows.append(row)
+                continue
+            t = bench(lambda: fn_op(*args, **kw, **extra), max_seconds=1.0, reps=50 if work and work > 1e11 else 100)
+            row.update(status="ok", error="", **t.as_row(), gbps=nbytes / t.median_ms / 1e6)
+            if work:
+                row["tflops"] = work / t.median_ms / 1e9
+            else:
+                row["pct_of_copy"] = 100.0 * row["gbps"] / copy_gbps
+            if backend == "torch":
+                torch_ms = t.median_ms
+            rows.append(row)
+    for row in rows:
+        if torch_ms and row.get("status") == "ok":
+            row["vs_torch"] = torch_ms / row["time_ms"]
+    return rows
+
+
+def measure_copy(n: int, device) -> float:
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), max_seconds=1.0)
+    return 2 * n * 4 / t.median_ms / 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fp16 only for the MLP shapes")
+    ap.add_argument("--only", default="elementwise,gemm,mlp", help="comma list of case groups")
+    ap.add_argument("--backends", default="cuda,triton,torch")
+    ap.add_argument("--out", default=None, help="CSV path (default experiments/results/kernels_<gpu>.csv)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA GPU: nothing to time on this machine.", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 baselines are true fp32
+    gen = torch.Generator(device=device).manual_seed(0)
+    modules = {"cuda": "kernels_cuda", "triton": "kernels_triton"}
+    backends = {b: (native if b == "torch" else importlib.import_module(modules[b]))
+                for b in args.backends.split(",")}
+
+    groups = args.only.split(",")
+    n_rows = 16384 if args.quick else 65536
+    cases = []
+    if "elementwise" in groups:
+        cases += elementwise_cases(n_rows)
+    if "gemm" in groups:
+        cases += gemm_cases(2048 if args.quick else 4096)
+    if "mlp" in groups:
+        cases += mlp_cases(["fp16"] if args.quick else ["fp32", "fp16"])
+
+    copy_gbps = measure_copy(n_rows * 4096, device)
+    print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
+    prov = provenance()
+    rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{n_rows * 4096}",
+                 status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
+    for i, case in enumerate(cases):
+        rows += run_case(case, backends, device, gen, copy_gbps)
+        print(f"[{i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} {case.shape}", file=sys.stderr, flush=True)
+
+    out = Path(args.out) if args.out else RESULTS / f"kernels_{device_slug()}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
+               "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
+               *prov]
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**prov, **row})
+    print_table(rows)
+    print(f"wrote {out}")
+    return 0
+
+
+def _fmt(v, spec):
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'op':14} {'backend':7} {'dt':4} {'shape':22} {'config':9} {'ms':>9} {'GB/s':>7} {'%copy':>6} "
+          f"{'TFLOP/s':>8} {'vs torch':>8}")
+    for r in rows:
+        if r.get("status") != "ok":
+            print(f"{r['op']:14} {r['backend']:7} {r['dtype']:4} {r['shape']:22} {r.get('config_label', ''):9} "
+                  f"{r['status']}: {r.get('error', '')}")
+            continue
+        print(f"{r['op']:14} {r['backend']:7} {r['dtype']:4} {r['shape']:22} {r.get('config_label', ''):9} "
+              f"{_fmt(r.get('time_ms'), '9.4f')} {_fmt(r.get('gbps'), '7.0f')} {_fmt(r.get('pct_of_copy'), '6.1f')} "
+              f"{_fmt(r.get('tflops'), '8.1f')} {_fmt(r.get('vs_torch'), '8.2f')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

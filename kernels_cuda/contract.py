@@ -1,0 +1,208 @@
+"""The contract both kernel twins implement.
+
+`kernels_cuda` and `kernels_triton` expose the same functions with the same
+signatures; this module holds what they share so it is written once: the search
+space type, the config check, and the argument checks. It imports neither CuPy
+nor Triton, so the tuner and the trainer can read it on any machine.
+
+A search space is data, in the style of Kernel Tuner: a dict of lists of
+tunable values, plus restrictions written as Python expressions over those
+names. Two more expressions say what a config costs the hardware (threads per
+block, shared memory bytes per block); the tuner checks them against a
+target's limits, the kernels check them against the local GPU at launch.
+Expressions may also use `elt` (bytes per input element) and `arch` (the
+compute capability as an integer, 75 for sm_75).
+
+The functions each twin exports (tensors are torch tensors on one device;
+`config` is a dict of tunables, None for the op's default; every op allocates
+its result unless `out` is given, and never synchronizes the device, so a
+whole training step can be captured in a CUDA graph):
+
+    matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False,
+           out=None, config=None, accumulate="fp32") -> c
+        c = act(op(a) @ op(b) + bias), op transposes when its flag is set;
+        fp32/fp16/bf16 inputs of one dtype, c in that dtype, bias [N] in that
+        dtype; accumulate="fp16" (fp16 inputs only) accumulates in fp16.
+    relu(x, *, out=None, config=None) -> y                  NaN stays NaN
+    relu_backward(grad, y, *, out=None, config=None) -> dx  grad where y > 0, else 0
+    bias_add(x, bias, *, activation=None, out=None, config=None) -> y
+        y = act(x + bias[None, :]) for x [M, N]
+    bias_grad(grad, *, out=None, config=None) -> db         column sums [N], float32
+    softmax_cross_entropy(logits, labels, *, out_grad=None, config=None)
+        -> (loss, dlogits): loss is the mean over rows (0-dim float32 tensor),
+        dlogits = (softmax(logits) - onehot(labels)) / M in logits' dtype;
+        labels int64 [M]
+    sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0,
+               weight_decay=0.0, config=None) -> None
+        torch.optim.SGD's rule (dampening 0, no Nesterov), in place, over
+        lists of float32 params, grads (float32/fp16/bf16) and float32 buffers
+        (None when momentum == 0)
+
+and `space(op, dtype) -> Space` (dtype "fp32", "fp16" or "bf16").
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+OPS = (
+    "matmul",
+    "relu",
+    "relu_backward",
+    "bias_add",
+    "bias_grad",
+    "softmax_cross_entropy",
+    "sgd_update",
+)
+
+ACTIVATIONS = (None, "relu")
+
+
+@dataclass(frozen=True)
+class Space:
+    """Tunables of one kernel as data: values to try, rules that prune, costs."""
+
+    params: Mapping[str, tuple[int, ...]]
+    default: Mapping[str, int]
+    restrictions: tuple[str, ...] = ()
+    threads: str = "32 * num_warps"
+    smem_bytes: str = "0"
+    notes: str = ""
+
+    def __post_init__(self):
+        if set(self.default) != set(self.params):
+            raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
+        for name, value in self.default.items():
+            if value not in self.params[name]:
+                raise ValueError(f"default {name}={value} is outside {list(self.params[name])}")
+
+    def _env(self, config: Mapping[str, int], elt: int, arch: int) -> dict:
+        return {**config, "elt": elt, "arch": arch}
+
+    def cost(self, config: Mapping[str, int], elt: int, arch: int = 90) -> dict[str, int]:
+        env = self._env(config, elt, arch)
+        return {
+            "threads": int(eval(self.threads, {}, env)),
+            "smem_bytes": int(eval(self.smem_bytes, {}, env)),
+        }
+
+    def violated(self, config: Mapping[str, int], elt: int, arch: int = 90) -> str | None:
+        """The first rule the config breaks, or None. Never raises."""
+        unknown = set(config) - set(self.params)
+        if unknown:
+            return f"unknown tunable(s) {sorted(unknown)}; known: {sorted(self.params)}"
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing tunable {name}"
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{name}={value!r} is not an integer"
+            if value not in values:
+                return f"{name}={value} is outside the space {list(values)}"
+        env = self._env(config, elt, arch)
+        for rule in self.restrictions:
+            if not eval(rule, {}, env):
+                return f"restriction `{rule}` fails"
+        return None
+
+    def check(self, config: Mapping[str, int], elt: int, arch: int = 90) -> dict[str, int]:
+        problem = self.violated(config, elt, arch)
+        if problem:
+            raise ValueError(f"config: {problem} (config={dict(config)})")
+        return dict(config)
+
+    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90) -> dict[str, int]:
+        """Default filled in with the user's values, then checked."""
+        return self.check({**self.default, **(config or {})}, elt, arch)
+
+    def size(self) -> int:
+        n = 1
+        for values in self.params.values():
+            n *= len(values)
+        return n
+
+    def configs(self, elt: int, arch: int = 90) -> Iterator[dict[str, int]]:
+        """Every config that passes the restrictions, in a fixed order."""
+        names = list(self.params)
+        for values in itertools.product(*(self.params[n] for n in names)):
+            config = dict(zip(names, values))
+            if self.violated(config, elt, arch) is None:
+                yield config
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES[dtype]
+
+
+def check_tensor(
+    name: str,
+    t,
+    *,
+    ndim: int | None = None,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    device: torch.device | None = None,
+) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} not supported (allowed: {allowed})")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, expected {device} (all tensors must share a device)")
+
+
+def check_same_dtype(**tensors) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from {first_name}'s {first.dtype}")
+
+
+def check_activation(activation) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: {activation!r} is not one of {ACTIVATIONS}")
+
+
+def matmul_shapes(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """M, N, K of op(a) @ op(b), where op transposes when its flag is set."""
+    check_tensor("a", a, ndim=2, dtypes=tuple(DTYPES.values()))
+    check_tensor("b", b, ndim=2, dtypes=tuple(DTYPES.values()), device=a.device)
+    check_same_dtype(a=a, b=b)
+    m, k = (a.shape[1], a.shape[0]) if trans_a else tuple(a.shape)
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else tuple(b.shape)
+    if k != kb:
+        raise ValueError(
+            f"b: inner dimensions differ: op(a) is {m}x{k}, op(b) is {kb}x{n} "
+            f"(trans_a={trans_a}, trans_b={trans_b})"
+        )
+    return m, n, k
+
+
+def matrix_layout(t: torch.Tensor, transposed: bool) -> tuple[torch.Tensor, bool, int]:
+    """How to read op(t) (rows x cols) without a copy.
+
+    Returns (tensor, cols_contiguous, leading_dim): `cols_contiguous` says the
+    second index of op(t) is the unit-stride one. A view with no unit stride
+    (e.g. every other column) is copied once: correct, and rare in practice.
+    """
+    s_rows, s_cols = (t.stride(1), t.stride(0)) if transposed else (t.stride(0), t.stride(1))
+    rows, cols = (t.shape[1], t.shape[0]) if transposed else (t.shape[0], t.shape[1])
+    if s_cols == 1 or cols == 1:
+        return t, True, max(s_rows, 1) if rows > 1 else max(cols, 1)
+    if s_rows == 1 or rows == 1:
+        return t, False, max(s_cols, 1) if cols > 1 else max(rows, 1)
+    t = t.contiguous()
+    return matrix_layout(t, transposed)
