@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -32,6 +33,9 @@ def _cupy_version() -> str:
 
 
 def git_commit() -> str:
+    """HEAD of this checkout; LAB_COMMIT wins, for copies of the tree without .git (the GPU machine)."""
+    if os.environ.get("LAB_COMMIT"):
+        return os.environ["LAB_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
