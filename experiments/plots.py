@@ -1,0 +1,168 @@
+"""PNG plots next to the CSVs in experiments/results/, for one GPU.
+
+    python -m experiments.plots [--gpu h200]
+
+- step_time_<gpu>_<dtype>.png: step time vs H per variant (log-log), speedup
+  vs torch eager beneath, as the seed study drew it (compare_*.csv);
+- loss_curves_<gpu>_<dtype>.png: every variant's loss curve overlaid;
+- tuned_vs_default_<gpu>.png: speedup of each tuned kernel over its default
+  config (experiments/<target>/best.json);
+- search_convergence_<gpu>.png: best-so-far vs trial per tuning study
+  (experiments/<target>/trials.csv);
+- roofline_<gpu>.png: the kernels against the measured ceilings
+  (kernels_<gpu>.csv).
+A plot whose input is missing is skipped with a message.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+EXPERIMENTS = Path(__file__).resolve().parent
+RESULTS = EXPERIMENTS / "results"
+
+
+def step_time(gpu: str) -> list[Path]:
+    made = []
+    for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")):
+        df = pd.read_csv(path)
+        dtype = path.stem.split("_")[-1]
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(2, 1))
+        for variant, g in df.groupby("variant"):
+            g = g.sort_values("hidden")
+            top.plot(g.hidden, g.median_step_us, marker="o", label=variant)
+            bottom.plot(g.hidden, g.speedup_vs_torch_eager, marker="o", label=variant)
+        top.set(xscale="log", yscale="log", ylabel="median step time (µs)",
+                title=f"MNIST MLP 784-H-H-H-10, batch 32, {dtype}, {df.device.iloc[0]}")
+        top.legend(fontsize=8)
+        bottom.axhline(1.0, color="grey", lw=0.8)
+        bottom.set(xscale="log", xlabel="hidden width H", ylabel="speedup vs torch eager")
+        for ax in (top, bottom):
+            ax.grid(True, which="both", alpha=0.3)
+        made.append(save(fig, f"step_time_{gpu}_{dtype}.png"))
+    return made
+
+
+def loss_curves(gpu: str) -> list[Path]:
+    made = []
+    curves = RESULTS / "loss_curves"
+    for dtype in ("fp16", "fp32", "bf16"):
+        files = sorted(curves.glob(f"losses_{gpu}_{dtype}_seed_*.csv"))
+        if not files:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for f in files:
+            df = pd.read_csv(f)
+            h = 1024 if (df.hidden == 1024).any() else df.hidden.max()
+            g = df[df.hidden == h]
+            ax.plot(g.step, g.loss, lw=0.8, label=f"{f.stem.split('_seed_')[-1]} (H={h})")
+        ax.set(xlabel="step", ylabel="training loss", yscale="log", title=f"loss curves, {dtype}, {gpu}")
+        ax.legend(fontsize=8)
+        made.append(save(fig, f"loss_curves_{gpu}_{dtype}.png"))
+    return made
+
+
+def tuned_vs_default(gpu: str, target: str) -> list[Path]:
+    store = EXPERIMENTS / target / "best.json"
+    if not store.exists():
+        return []
+    entries = json.loads(store.read_text())["entries"]
+    rows = [(f"{e['op']} {e['shape']} {e['dtype']}", e["backend"], e.get("speedup_vs_default"))
+            for e in entries if e.get("speedup_vs_default")]
+    if not rows:
+        return []
+    df = pd.DataFrame(rows, columns=["kernel", "backend", "speedup"]).pivot_table(
+        index="kernel", columns="backend", values="speedup")
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(df) + 1.5))
+    df.plot.barh(ax=ax)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="tuned / default speed", title=f"what tuning bought per kernel ({target}, {gpu})")
+    return [save(fig, f"tuned_vs_default_{gpu}.png")]
+
+
+def search_convergence(gpu: str, target: str) -> list[Path]:
+    trials = EXPERIMENTS / target / "trials.csv"
+    if not trials.exists():
+        return []
+    df = pd.read_csv(trials)
+    df = df[df.status == "ok"].sort_values(["study", "trial"])
+    if df.empty:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for study, g in df.groupby("study"):
+        best = g.time_ms.cummin()
+        ax.plot(range(1, len(g) + 1), best / best.iloc[-1], lw=0.8, alpha=0.7)
+    ax.set(xlabel="completed trial", ylabel="best so far / final best", yscale="log",
+           title=f"search convergence, {df.study.nunique()} studies ({target}, {gpu})")
+    return [save(fig, f"search_convergence_{gpu}.png")]
+
+
+def roofline(gpu: str) -> list[Path]:
+    path = RESULTS / f"kernels_{gpu}.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    ok = df[df.status == "ok"]
+    copy_gbps = ok[ok.op == "copy"].gbps.iloc[0]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ew = ok[ok.group == "elementwise"]
+    labels = ew.op + " " + ew.backend + " " + ew.config_label.fillna("")
+    left.barh(labels, ew.gbps)
+    left.axvline(copy_gbps, color="k", lw=1, label=f"device copy {copy_gbps:.0f} GB/s")
+    left.axvline(0.9 * copy_gbps, color="k", lw=0.8, ls="--", label="90% of copy")
+    left.set(xlabel="GB/s (bytes read + written)", title="memory-bound kernels, 256M fp32")
+    left.legend(fontsize=8)
+    mm = ok[ok.op == "matmul"].copy()
+    elt = mm.dtype.map({"fp32": 4, "fp16": 2, "bf16": 2})
+    dims = mm["shape"].str.split(":").str[0].str.split("x", expand=True).astype(float)
+    m, n, k = dims[0], dims[1], dims[2]
+    mm["intensity"] = 2 * m * n * k / ((m * k + k * n + m * n) * elt)
+    torch_peak = {dt: mm[(mm.backend == "torch") & (mm.dtype == dt)].tflops.max() for dt in mm.dtype.unique()}
+    for (backend, dtype), g in mm.groupby(["backend", "dtype"]):
+        right.scatter(g.intensity, g.tflops, s=12, label=f"{backend} {dtype}")
+    xs = pd.Series([1, 10, 100, 1000, 3000], dtype=float)
+    for dtype, peak in torch_peak.items():
+        right.plot(xs, [min(peak, copy_gbps * x / 1000) for x in xs], lw=0.8, ls="--",
+                   label=f"roof {dtype}: {peak:.0f} TFLOP/s (best cuBLAS seen)")
+    right.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte of compulsory traffic)",
+              ylabel="TFLOP/s", title="matmuls vs the measured roofline")
+    right.legend(fontsize=6)
+    return [save(fig, f"roofline_{gpu}.png")]
+
+
+def save(fig, name: str) -> Path:
+    fig.tight_layout()
+    path = RESULTS / name
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Draw the lab's plots from the committed CSVs.")
+    ap.add_argument("--gpu", default="h200", help="device slug in the CSV names")
+    ap.add_argument("--target", default="sm_90", help="tuning target folder under experiments/")
+    args = ap.parse_args(argv)
+    makers = {
+        "step time": lambda: step_time(args.gpu),
+        "loss curves": lambda: loss_curves(args.gpu),
+        "tuned vs default": lambda: tuned_vs_default(args.gpu, args.target),
+        "search convergence": lambda: search_convergence(args.gpu, args.target),
+        "roofline": lambda: roofline(args.gpu),
+    }
+    for name, make in makers.items():
+        made = make()
+        print(f"{name}: {', '.join(p.name for p in made) if made else 'skipped (no input CSV)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
