@@ -1,0 +1,173 @@
+// Elementwise kernels: relu, relu_backward, bias_add (+relu), sgd_update.
+//
+// All four are pure bandwidth: relu moves 2 * elt bytes per element for zero
+// useful FLOPs, sgd with momentum moves 4 + elt + 8 + 8 bytes for 4 FLOPs, so
+// the only things that matter are wide, coalesced accesses and enough bytes
+// in flight. Each thread therefore loads ITEMS vectors of VEC elements
+// (up to 16 bytes per instruction) before it computes or stores any of them;
+// the two phases also make in-place calls (out is the input) safe.
+//
+// Work split, shared by every kernel here: the tensor is a flat array of
+// n / VEC vectors; block b owns vectors [b * THREADS * ITEMS, +THREADS * ITEMS)
+// and thread t takes vector b * THREADS * ITEMS + i * THREADS + t for
+// i < ITEMS, so each i is one fully coalesced sweep of the block. The n % VEC
+// tail elements go one by one to the first threads of block 0. The host picks
+// VEC so that every pointer is aligned to min(VEC * elt, 16) bytes.
+#include "common.cuh"
+
+// Vector index of item i of this thread.
+template <int ITEMS, int THREADS>
+__device__ __forceinline__ i64 vector_index(int i) {
+    return (i64)blockIdx.x * (THREADS * ITEMS) + (i64)i * THREADS + threadIdx.x;
+}
+
+// Index of this thread's tail element (valid when < n).
+template <int VEC>
+__device__ __forceinline__ i64 tail_index(i64 n) {
+    return blockIdx.x == 0 ? (n / VEC) * VEC + threadIdx.x : n;
+}
+
+// y = relu(x); NaN stays NaN.
+template <int DT, int VEC, int ITEMS, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+relu_kernel(const typename Elt<DT>::T* x, typename Elt<DT>::T* y, i64 n) {
+    typedef Elt<DT> E;
+    typedef Pack<typename E::T, VEC> P;
+    const i64 nvec = n / VEC;
+    P in[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) in[i] = reinterpret_cast<const P*>(x)[v];
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            P out;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.v[j] = E::store(relu_f(E::load(in[i].v[j])));
+            reinterpret_cast<P*>(y)[v] = out;
+        }
+    }
+    i64 t = tail_index<VEC>(n);
+    if (t < n) y[t] = E::store(relu_f(E::load(x[t])));
+}
+
+// dx = grad where y > 0 else 0, as the contract says: a NaN y gives 0 (torch's
+// threshold_backward would pass grad there); a NaN grad passes where y > 0.
+template <int DT, int VEC, int ITEMS, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+relu_backward_kernel(const typename Elt<DT>::T* grad, const typename Elt<DT>::T* y,
+                     typename Elt<DT>::T* dx, i64 n) {
+    typedef Elt<DT> E;
+    typedef Pack<typename E::T, VEC> P;
+    const i64 nvec = n / VEC;
+    const typename E::T zero = E::store(0.f);
+    P g[ITEMS], yy[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            g[i] = reinterpret_cast<const P*>(grad)[v];
+            yy[i] = reinterpret_cast<const P*>(y)[v];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            P out;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) out.v[j] = E::load(yy[i].v[j]) > 0.f ? g[i].v[j] : zero;
+            reinterpret_cast<P*>(dx)[v] = out;
+        }
+    }
+    i64 t = tail_index<VEC>(n);
+    if (t < n) dx[t] = E::load(y[t]) > 0.f ? grad[t] : zero;
+}
+
+// y[m, c] = act(x[m, c] + bias[c]) over a contiguous [M, ncols] x, n = M * ncols.
+// The host picks VEC dividing ncols, so a vector never straddles two rows and
+// its bias slice is one aligned vector load (bias is tiny and stays in L1/L2).
+template <int DT, int VEC, int ITEMS, int THREADS, int RELU>
+__global__ void __launch_bounds__(THREADS)
+bias_add_kernel(const typename Elt<DT>::T* x, const typename Elt<DT>::T* bias,
+                typename Elt<DT>::T* y, i64 n, i64 ncols) {
+    typedef Elt<DT> E;
+    typedef Pack<typename E::T, VEC> P;
+    const i64 nvec = n / VEC;
+    P in[ITEMS], b[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            in[i] = reinterpret_cast<const P*>(x)[v];
+            b[i] = *reinterpret_cast<const P*>(bias + (v * VEC) % ncols);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            P out;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float r = E::load(in[i].v[j]) + E::load(b[i].v[j]);
+                out.v[j] = E::store(RELU ? relu_f(r) : r);
+            }
+            reinterpret_cast<P*>(y)[v] = out;
+        }
+    }
+    // VEC divides ncols, hence n: there is no tail.
+}
+
+// torch.optim.SGD step (dampening 0, no Nesterov), in place, fp32 master
+// params and momentum buffers, gradients in any of the three dtypes:
+//   d = g + wd * p;  buf = momentum * buf + d (if MOMENTUM);  p -= lr * d'.
+template <int DT, int VEC, int ITEMS, int THREADS, int MOMENTUM>
+__global__ void __launch_bounds__(THREADS)
+sgd_kernel(float* p, const typename Elt<DT>::T* g, float* buf, float lr, float momentum,
+           float weight_decay, i64 n) {
+    typedef Elt<DT> E;
+    typedef Pack<float, VEC> PF;
+    typedef Pack<typename E::T, VEC> PG;
+    const i64 nvec = n / VEC;
+    PF pp[ITEMS], bb[ITEMS];
+    PG gg[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+            pp[i] = reinterpret_cast<const PF*>(p)[v];
+            gg[i] = reinterpret_cast<const PG*>(g)[v];
+            if (MOMENTUM) bb[i] = reinterpret_cast<const PF*>(buf)[v];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        i64 v = vector_index<ITEMS, THREADS>(i);
+        if (v < nvec) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float d = E::load(gg[i].v[j]) + weight_decay * pp[i].v[j];
+                if (MOMENTUM) {
+                    d = momentum * bb[i].v[j] + d;
+                    bb[i].v[j] = d;
+                }
+                pp[i].v[j] = pp[i].v[j] - lr * d;
+            }
+            reinterpret_cast<PF*>(p)[v] = pp[i];
+            if (MOMENTUM) reinterpret_cast<PF*>(buf)[v] = bb[i];
+        }
+    }
+    i64 t = tail_index<VEC>(n);
+    if (t < n) {
+        float d = E::load(g[t]) + weight_decay * p[t];
+        if (MOMENTUM) {
+            d = momentum * buf[t] + d;
+            buf[t] = d;
+        }
+        p[t] = p[t] - lr * d;
+    }
+}

@@ -1,0 +1,195 @@
+"""matmul: fp32 on CUDA cores (matmul_simt.cu), fp16/bf16 on tensor cores
+(matmul_tc.cu); the search spaces of both kernels live here as data."""
+from __future__ import annotations
+
+import torch
+
+from . import _runtime as rt
+from .contract import (
+    Space,
+    check_activation,
+    check_tensor,
+    dtype_name,
+    matmul_shapes,
+    matrix_layout,
+)
+
+# Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread; the thread
+# count follows from the tile sizes, so num_warps must match them. The
+# register-staged copies hold BLOCK_K * (BLOCK_M + BLOCK_N) / threads floats
+# per thread; capping that at 32 keeps big-tile configs from spilling.
+SIMT_SPACE = Space(
+    params={
+        "BLOCK_M": (32, 64, 128, 256),
+        "BLOCK_N": (32, 64, 128, 256),
+        "BLOCK_K": (8, 16, 32),
+        "THREAD_M": (4, 8),
+        "THREAD_N": (4, 8),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2),
+        "GROUP_M": (1, 8),
+        "VEC": (1, 2, 4),
+    },
+    default={
+        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "THREAD_M": 8, "THREAD_N": 8,
+        "num_warps": 8, "num_stages": 2, "GROUP_M": 8, "VEC": 4,
+    },
+    restrictions=(
+        "BLOCK_M * BLOCK_N == 32 * num_warps * THREAD_M * THREAD_N",
+        "BLOCK_K * (BLOCK_M + BLOCK_N) <= 32 * 32 * num_warps",
+        "elt == 4",
+    ),
+    threads="32 * num_warps",
+    smem_bytes="num_stages * BLOCK_K * (BLOCK_M + BLOCK_N + 8) * 4",
+    notes="fp32 SIMT; VEC = floats per global load (lowered by the host for misaligned operands)",
+)
+
+# Tensor-core GEMM (mma.sync m16n8k16). Warp tiles from 32 x 32 to 64 x 64:
+# smaller ones are bound by shared-memory reads, larger ones spill. sm_75 has
+# no cp.async, so it double-buffers through registers: exactly 2 stages.
+# The smem expression is the larger of the two shared layouts (k-contiguous
+# or not) of each operand; the launch computes the exact one.
+TC_SPACE = Space(
+    params={
+        "BLOCK_M": (64, 128, 256),
+        "BLOCK_N": (64, 128, 256),
+        "BLOCK_K": (32, 64),
+        "WARPS_M": (1, 2, 4),
+        "WARPS_N": (1, 2, 4),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4),
+        "GROUP_M": (1, 8),
+        "VEC": (4, 8),
+    },
+    # Best of a 76-config sweep at 4096^3 fp16 on an H200 (266 TFLOP/s).
+    default={
+        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2, "WARPS_N": 2,
+        "num_warps": 4, "num_stages": 4, "GROUP_M": 8, "VEC": 8,
+    },
+    restrictions=(
+        "WARPS_M * WARPS_N == num_warps",
+        "BLOCK_M % (16 * WARPS_M) == 0 and BLOCK_N % (16 * WARPS_N) == 0",
+        "32 * 32 <= (BLOCK_M // WARPS_M) * (BLOCK_N // WARPS_N) <= 64 * 64",
+        "arch >= 80 or num_stages == 2",
+        "elt == 2",
+    ),
+    threads="32 * num_warps",
+    smem_bytes=(
+        "num_stages * (max(BLOCK_M * (BLOCK_K + 8), BLOCK_K * (BLOCK_M + 8))"
+        " + max(BLOCK_N * (BLOCK_K + 8), BLOCK_K * (BLOCK_N + 8))) * elt"
+    ),
+    notes="fp16/bf16 mma.sync; VEC = halves per global copy (8 = 16 bytes), lowered for misaligned operands",
+)
+
+_DT_CODE = {"fp16": 1, "bf16": 2}
+
+
+def space_for(dtype: str) -> Space:
+    return SIMT_SPACE if dtype == "fp32" else TC_SPACE
+
+
+def default_base(dtype: str, arch: int) -> dict[str, int]:
+    """The space default; on sm_75 2 stages (register double-buffering) and
+    64 x 32 warp tiles, since the staging registers make 64 x 64 spill."""
+    base = dict(space_for(dtype).default)
+    if dtype != "fp32" and arch < 80:
+        base.update(num_stages=2, WARPS_M=2, WARPS_N=4, num_warps=8)
+    return base
+
+
+def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu) -> rt.Variant:
+    return rt.Variant("matmul_simt.cu", "matmul_simt_kernel", (
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["THREAD_M"], cfg["THREAD_N"], va, vb,
+        cfg["num_stages"], cfg["GROUP_M"], int(a_kc), int(b_kc), int(has_bias), int(relu)))
+
+
+def simt_smem(cfg) -> int:
+    return cfg["num_stages"] * cfg["BLOCK_K"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"] + 8) * 4
+
+
+def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16) -> rt.Variant:
+    return rt.Variant("matmul_tc.cu", "matmul_tc_kernel", (
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["WARPS_M"], cfg["WARPS_N"], cfg["num_stages"],
+        va, vb, cfg["GROUP_M"], _DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
+        int(acc16), int(arch >= 80)))
+
+
+def tc_smem(cfg, a_kc: bool, b_kc: bool) -> int:
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    a = bm * (bk + 8) if a_kc else bk * (bm + 8)
+    b = bn * (bk + 8) if b_kc else bk * (bn + 8)
+    return cfg["num_stages"] * (a + b) * 2
+
+
+def main_variant(dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
+    """What compile reports measure: row-major A and B, no epilogue extras."""
+    if dtype == "fp32":
+        return simt_variant(cfg, True, False, cfg["VEC"], cfg["VEC"], False, False), simt_smem(cfg)
+    return tc_variant(cfg, dtype, arch, True, False, cfg["VEC"], cfg["VEC"], False, False, False), tc_smem(cfg, True, False)
+
+
+def _layout(t: torch.Tensor, transposed: bool):
+    # matrix_layout reads a stride-0 (expanded) dimension as leading dim 1:
+    # materialize those views first.
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        t = t.contiguous()
+    return matrix_layout(t, transposed)
+
+
+def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
+           accumulate="fp32"):
+    M, N, K = matmul_shapes(a, b, trans_a, trans_b)
+    rt.check_cuda("a", a)
+    check_activation(activation)
+    dtype = dtype_name(a.dtype)
+    if accumulate not in ("fp32", "fp16"):
+        raise ValueError(f"accumulate: {accumulate!r} is not 'fp32' or 'fp16'")
+    if accumulate == "fp16" and dtype != "fp16":
+        raise ValueError(f"accumulate: 'fp16' needs fp16 inputs, got {dtype}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=(a.dtype,), device=a.device)
+        if bias.shape[0] != N:
+            raise ValueError(f"bias: expected shape ({N},), got {tuple(bias.shape)}")
+    dev = a.device.index
+    arch, _ = rt.device_props(dev)
+    if dtype == "bf16" and arch < 80:
+        raise ValueError(f"a: bf16 tensor-core matmul needs sm_80 or newer, this GPU is sm_{arch}")
+    cfg = rt.resolve(space_for(dtype), config, a.element_size(), arch, default_base(dtype, arch))
+    if out is not None:
+        check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
+        if tuple(out.shape) != (M, N) or not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous {M}x{N} tensor, got shape {tuple(out.shape)} "
+                             f"strides {out.stride()}")
+    else:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:  # empty sum: act(bias) or zeros
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.expand(M, N))
+            if activation == "relu":
+                out.relu_()
+        return out
+
+    a_t, a_kc, lda = _layout(a, trans_a)  # op(a) is M x K: cols contiguous = k contiguous
+    b_t, b_n_contig, ldb = _layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
+    b_kc = not b_n_contig
+    if bias is not None:
+        bias = bias.contiguous()
+    elt = a.element_size()
+    va = rt.pick_vec(cfg["VEC"], elt, (a_t,), (lda,))
+    vb = rt.pick_vec(cfg["VEC"], elt, (b_t,), (ldb,))
+    relu = activation == "relu"
+    if dtype == "fp32":
+        variant = simt_variant(cfg, a_kc, b_kc, va, vb, bias is not None, relu)
+        smem = simt_smem(cfg)
+    else:
+        variant = tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
+        smem = tc_smem(cfg, a_kc, b_kc)
+    blocks = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
+    rt.launch(variant, dev, (blocks, 1, 1), (32 * cfg["num_warps"], 1, 1),
+              (rt.ptr(a_t), rt.ptr(b_t), rt.ptr(bias), rt.ptr(out), rt.i32(M), rt.i32(N), rt.i32(K),
+               rt.i64(lda), rt.i64(ldb)), smem)
+    return out

@@ -1,0 +1,200 @@
+// fp32 matmul on the CUDA cores: C = act(op(A) @ op(B) + bias), C row-major M x N.
+//
+// A block computes a BM x BN tile of C; each of its BM*BN/(TM*TN) threads
+// owns a TM x TN sub-tile in registers (siboehm's SGEMM kernels 6 and 9).
+// Per k step a thread reads TM + TN floats from shared memory and does
+// TM * TN FMAs, so 8 x 8 gives 4 FMAs per shared load, enough to keep the
+// FP32 pipes rather than shared memory the limit. Per BK slice the block
+// reads (BM + BN) * BK floats from global memory for BM * BN * BK FMAs:
+// 128 x 128 tiles reuse each loaded float 64 times, far above the H200's
+// ~67 TFLOP/s / 4.8 TB/s ~ 14 FLOP/byte balance point.
+//
+// Both operand tiles sit in shared memory k-major (Xs[k][m or n]) so that the
+// compute loop reads 4 consecutive rows (or columns) as one 16-byte load; a
+// k-contiguous operand is transposed while being stored, and the rows are
+// padded by 4 floats so that those scattered stores do not all hit one bank.
+// A thread's TM rows are TM/4 groups of 4, the groups BM/(TM/4) apart, so the
+// 16-byte reads of a warp are consecutive and conflict-free (same for TN).
+//
+// Global loads move VA (VB) floats per instruction along the operand's
+// contiguous dimension; the host picks the width from pointer and leading
+// dimension alignment. Vectors that cross the matrix edge fall back to
+// bounds-checked element loads that fill zeros. With STAGES == 2 the next
+// tile's global loads are issued before the current tile's FMAs and stored
+// to the other shared buffer afterwards (one barrier per k step); with
+// STAGES == 1 a single buffer is reloaded between two barriers.
+#include "common.cuh"
+
+// One operand tile: BK x BD of op(X) (BD = BM for A, BN for B), staged
+// through registers. KC says k is X's contiguous dimension: op(X)[d, k] is
+// X[d * ld + k] when KC, else X[k * ld + d].
+template <int BD, int BK, int V, int T, int KC>
+struct SimtTile {
+    static constexpr int VECS = BD * BK / V;
+    static constexpr int PER_THREAD = (VECS + T - 1) / T;
+    static constexpr int LD_S = BD + 4;  // padded shared row, in floats
+    typedef Pack<float, V> P;
+    P r[PER_THREAD];
+
+    // Tile coordinates (d, k) of vector c.
+    static __device__ __forceinline__ void coords(int c, int& d, int& k) {
+        if (KC) {
+            d = c / (BK / V);
+            k = (c % (BK / V)) * V;
+        } else {
+            k = c / (BD / V);
+            d = (c % (BD / V)) * V;
+        }
+    }
+
+    __device__ __forceinline__ void load(const float* X, i64 ld, int d0, int k0, int D, int K) {
+#pragma unroll
+        for (int p = 0; p < PER_THREAD; ++p) {
+            int c = threadIdx.x + p * T;
+            if (VECS % T != 0 && c >= VECS) break;
+            int d, k;
+            coords(c, d, k);
+            const int gd = d0 + d, gk = k0 + k;
+            const bool full = KC ? (gd < D && gk + V <= K) : (gk < K && gd + V <= D);
+            if (full) {
+                r[p] = *reinterpret_cast<const P*>(KC ? X + (i64)gd * ld + gk : X + (i64)gk * ld + gd);
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; ++j) {
+                    const bool in = KC ? (gd < D && gk + j < K) : (gk < K && gd + j < D);
+                    r[p].v[j] = in ? (KC ? X[(i64)gd * ld + gk + j] : X[(i64)gk * ld + gd + j]) : 0.f;
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(float* Xs) const {
+#pragma unroll
+        for (int p = 0; p < PER_THREAD; ++p) {
+            int c = threadIdx.x + p * T;
+            if (VECS % T != 0 && c >= VECS) break;
+            int d, k;
+            coords(c, d, k);
+            if (KC) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) Xs[(k + j) * LD_S + d] = r[p].v[j];
+            } else {
+                *reinterpret_cast<P*>(Xs + k * LD_S + d) = r[p];
+            }
+        }
+    }
+};
+
+template <int BM, int BN, int BK, int TM, int TN, int VA, int VB, int STAGES, int GROUP_M,
+          int A_KC, int B_KC, int HAS_BIAS, int RELU>
+__global__ void __launch_bounds__(BM * BN / (TM * TN))
+matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, int M, int N, int K,
+                   i64 lda, i64 ldb) {
+    constexpr int T = BM * BN / (TM * TN);
+    constexpr int RM = BM / TM, RN = BN / TN;  // threads along m and n
+    typedef SimtTile<BM, BK, VA, T, A_KC> TileA;
+    typedef SimtTile<BN, BK, VB, T, B_KC> TileB;
+    constexpr int A_STAGE = BK * TileA::LD_S, B_STAGE = BK * TileB::LD_S;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* As = reinterpret_cast<float*>(smem_raw);
+    float* Bs = As + STAGES * A_STAGE;
+
+    int pid_m, pid_n;
+    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
+    const int m0 = pid_m * BM, n0 = pid_n * BN;
+    const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+
+    TileA ta;
+    TileB tb;
+    const int KT = (K + BK - 1) / BK;
+
+    // TM x TN FMAs per k from TM/4 + TN/4 16-byte shared loads.
+    auto compute = [&](const float* as, const float* bs) {
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+#pragma unroll
+            for (int g = 0; g < TM / 4; ++g) {
+                Pack<float, 4> v = *reinterpret_cast<const Pack<float, 4>*>(as + kk * TileA::LD_S + g * 4 * RM + ty * 4);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[g * 4 + j] = v.v[j];
+            }
+#pragma unroll
+            for (int g = 0; g < TN / 4; ++g) {
+                Pack<float, 4> v = *reinterpret_cast<const Pack<float, 4>*>(bs + kk * TileB::LD_S + g * 4 * RN + tx * 4);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) b[g * 4 + j] = v.v[j];
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+    };
+
+    if (STAGES == 2) {
+        ta.load(A, lda, m0, 0, M, K);
+        tb.load(B, ldb, n0, 0, N, K);
+        ta.store(As);
+        tb.store(Bs);
+        __syncthreads();
+        for (int kt = 0; kt < KT; ++kt) {
+            const int cur = kt % 2;
+            if (kt + 1 < KT) {  // in flight while the FMAs below run
+                ta.load(A, lda, m0, (kt + 1) * BK, M, K);
+                tb.load(B, ldb, n0, (kt + 1) * BK, N, K);
+            }
+            compute(As + cur * A_STAGE, Bs + cur * B_STAGE);
+            if (kt + 1 < KT) {
+                // The other buffer was last read in step kt - 1, which every
+                // thread finished before the barrier that ended it.
+                ta.store(As + (1 - cur) * A_STAGE);
+                tb.store(Bs + (1 - cur) * B_STAGE);
+            }
+            __syncthreads();
+        }
+    } else {
+        for (int kt = 0; kt < KT; ++kt) {
+            ta.load(A, lda, m0, kt * BK, M, K);
+            tb.load(B, ldb, n0, kt * BK, N, K);
+            ta.store(As);
+            tb.store(Bs);
+            __syncthreads();
+            compute(As, Bs);
+            __syncthreads();
+        }
+    }
+
+    // Epilogue: 4 consecutive columns per store when C's rows allow 16 bytes.
+    const bool vec_ok = (N % 4 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0);
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
+        if (m >= M) continue;
+#pragma unroll
+        for (int g = 0; g < TN / 4; ++g) {
+            const int n = n0 + g * 4 * RN + tx * 4;
+            Pack<float, 4> out;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float v = acc[i][g * 4 + j];
+                if (HAS_BIAS) v += (n + j < N) ? bias[n + j] : 0.f;
+                out.v[j] = RELU ? relu_f(v) : v;
+            }
+            float* c = C + (i64)m * N + n;
+            if (vec_ok && n + 4 <= N) {
+                *reinterpret_cast<Pack<float, 4>*>(c) = out;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (n + j < N) c[j] = out.v[j];
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+// fp16 / bf16 matmul on the tensor cores with warp-level mma.sync:
+// C = act(op(A) @ op(B) + bias), C row-major M x N in the inputs' dtype.
+//
+// A block computes a BM x BN tile of C with WARPS_M x WARPS_N warps; each
+// warp owns a (BM / WARPS_M) x (BN / WARPS_N) sub-tile, i.e. MT x NT
+// accumulator fragments of 16 x 8 (one m16n8k16 mma each per 16-wide k step).
+// Per BK slice the block loads (BM + BN) * BK * 2 bytes for 2 * BM * BN * BK
+// FLOPs: 128 x 256 tiles give ~85 FLOP/byte of global traffic, well above the
+// H200's ~990 TFLOP/s / 4.8 TB/s ~ 200 FLOP/byte only thanks to L2 reuse
+// between neighbouring blocks, hence the GROUP_M block order. Inside the
+// block a warp reads (WM + WN) * 16 * 2 bytes of shared memory per
+// 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32.
+//
+// Data path, sm_80 and newer (SM80 = 1): global -> shared with cp.async in a
+// STAGES-deep ring (copies of tile k + STAGES - 1 fly while tile k is
+// multiplied), cp.async's src-size operand zero-fills the ragged edges of M,
+// N and K, so the inner loop has no bounds checks. sm_75 (SM80 = 0) has no
+// cp.async and no m16n8k16: the next tile is staged through registers while
+// the current one is multiplied (two shared buffers), and each k16 mma is two
+// m16n8k8.
+//
+// Shared tiles keep the operand's contiguous dimension contiguous (no
+// transposing copies): A is [BM][BK] if k is A's contiguous dim, else
+// [BK][BM]; B is [BN][BK] or [BK][BN]. ldmatrix reads the first layout and
+// ldmatrix.trans the second, both giving the same mma fragments. Every shared
+// row is padded by 8 halves (16 bytes), so the 8 row addresses of an ldmatrix
+// phase land in 8 distinct 16-byte bank groups.
+//
+// Global loads move VA (VB) halves per copy along the contiguous dimension
+// (8 = 16 bytes); the host lowers them when pointer or leading dimension
+// alignment does not allow the configured width. ACC16 accumulates in fp16
+// registers (mma .f16 accumulators), for fp16 only.
+#include "common.cuh"
+
+// ---------------------------------------------------------------- PTX wrappers
+
+template <int BYTES>
+__device__ __forceinline__ void cp_async(u32 dst, const void* src, int src_bytes) {
+    // 16-byte copies bypass L1 (.cg); smaller ones must use .ca.
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int TRANS>
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// Accumulator fragment of one 16 x 8 tile: (row g, cols 2t, 2t+1) then
+// (row g + 8, same cols), g = lane / 4, t = lane % 4. fp32: 4 floats;
+// fp16: 2 registers of two halves, lower column in the low half.
+template <int ACC16> struct Acc { float v[4]; };
+template <> struct Acc<1> { u32 v[2]; };
+
+// c += a (16 x 16, row) * b (16 x 8, col).
+template <int DT, int SM80>
+__device__ __forceinline__ void mma_16816(Acc<0>& c, const u32 (&a)[4], const u32 (&b)[2]) {
+    if constexpr (SM80) {
+        if constexpr (DT == DT_BF16)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                         : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        else
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                         : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {  // sm_75, fp16 only: k 0..7 uses a0, a1, b0; k 8..15 uses a2, a3, b1.
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+                     : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+    }
+}
+
+template <int DT, int SM80>
+__device__ __forceinline__ void mma_16816(Acc<1>& c, const u32 (&a)[4], const u32 (&b)[2]) {
+    if constexpr (SM80) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};\n"
+                     : "+r"(c.v[0]), "+r"(c.v[1])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3}, {%4}, {%0,%1};\n"
+                     : "+r"(c.v[0]), "+r"(c.v[1]) : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3}, {%4}, {%0,%1};\n"
+                     : "+r"(c.v[0]), "+r"(c.v[1]) : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+    }
+}
+
+__device__ __forceinline__ float acc_get(const Acc<0>& c, int i) { return c.v[i]; }
+
+__device__ __forceinline__ float acc_get(const Acc<1>& c, int i) {
+    return f16_to_f32((u16)(c.v[i / 2] >> (16 * (i % 2))));
+}
+
+// ------------------------------------------------------------ operand tiles
+
+// A ROWS x COLS tile of a matrix whose COLS dimension is contiguous:
+// element (r, c) of the tile is X[(r0 + r) * ld + c0 + c], valid for
+// r0 + r < R and c0 + c < CN, zero outside. Shared copy: [ROWS][COLS + 8].
+template <int ROWS, int COLS, int V, int T>
+struct TcTile {
+    static constexpr int LD_S = COLS + 8;
+    static constexpr int STAGE = ROWS * LD_S;  // halves per pipeline stage
+    static constexpr int CHUNKS = ROWS * COLS / V;
+    static constexpr int PER_THREAD = (CHUNKS + T - 1) / T;
+    typedef Pack<u16, V> P;
+
+    // Where chunk c goes and how many of its V elements exist in X.
+    static __device__ __forceinline__ int chunk(int c, const u16* X, i64 ld, int r0, int c0, int R, int CN,
+                                                const u16*& src, int& s_off) {
+        const int r = c / (COLS / V), col = (c % (COLS / V)) * V;
+        const int gr = r0 + r, gc = c0 + col;
+        s_off = r * LD_S + col;
+        const int left = CN - gc;
+        const int n_ok = gr < R ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
+        src = n_ok > 0 ? X + (i64)gr * ld + gc : X;  // never form an address past the edge
+        return n_ok;
+    }
+
+    // sm_80+: asynchronous copies straight into the stage.
+    static __device__ __forceinline__ void load_async(u16* Xs, const u16* X, i64 ld, int r0, int c0, int R, int CN) {
+#pragma unroll
+        for (int p = 0; p < PER_THREAD; ++p) {
+            const int c = threadIdx.x + p * T;
+            if (CHUNKS % T != 0 && c >= CHUNKS) break;
+            const u16* src;
+            int s_off;
+            const int n_ok = chunk(c, X, ld, r0, c0, R, CN, src, s_off);
+            if constexpr (V >= 2) {
+                cp_async<2 * V>(smem_addr(Xs + s_off), src, 2 * n_ok);
+            } else {  // 2-byte chunks are below cp.async's minimum: plain copy
+                Xs[s_off] = n_ok ? *src : (u16)0;
+            }
+        }
+    }
+
+    // sm_75: global -> registers now, registers -> shared later.
+    struct Staged {
+        P r[PER_THREAD];
+
+        __device__ __forceinline__ void fetch(const u16* X, i64 ld, int r0, int c0, int R, int CN) {
+#pragma unroll
+            for (int p = 0; p < PER_THREAD; ++p) {
+                const int c = threadIdx.x + p * T;
+                if (CHUNKS % T != 0 && c >= CHUNKS) break;
+                const u16* src;
+                int s_off;
+                const int n_ok = chunk(c, X, ld, r0, c0, R, CN, src, s_off);
+                if (n_ok == V) {
+                    r[p] = *reinterpret_cast<const P*>(src);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) r[p].v[j] = j < n_ok ? src[j] : (u16)0;
+                }
+            }
+        }
+
+        __device__ __forceinline__ void store(u16* Xs) const {
+#pragma unroll
+            for (int p = 0; p < PER_THREAD; ++p) {
+                const int c = threadIdx.x + p * T;
+                if (CHUNKS % T != 0 && c >= CHUNKS) break;
+                const int row = c / (COLS / V), col = (c % (COLS / V)) * V;
+                *reinterpret_cast<P*>(Xs + row * LD_S + col) = r[p];
+            }
+        }
+    };
+};
+
+// ---------------------------------------------------------------- the kernel
+
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int DT,
+          int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80>
+__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
+matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb) {
+    static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
+    static_assert(SM80 || DT == DT_F16, "sm_75 tensor cores have no bf16 mma");
+    static_assert(DT == DT_F16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
+    constexpr int T = 32 * WARPS_M * WARPS_N;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
+    typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T> TileA;
+    typedef TcTile<B_KC ? BN : BK, B_KC ? BK : BN, VB, T> TileB;
+    typedef Elt<DT> E;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u16* As = reinterpret_cast<u16*>(smem_raw);
+    u16* Bs = As + STAGES * TileA::STAGE;
+
+    int pid_m, pid_n;
+    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
+    const int m0 = pid_m * BM, n0 = pid_n * BN;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+
+    Acc<ACC16> acc[MT][NT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < (ACC16 ? 2 : 4); ++e) acc[i][j].v[e] = 0;
+
+    // ldmatrix x4 lane roles: lane l gives the address of row l % 8 of 8x8
+    // matrix l / 8; matrix q of A is (m + 8 * (q & 1), k + 8 * (q >> 1)), i.e.
+    // fragments a0..a3; matrix q of B is (n + 8 * (q >> 1), k + 8 * (q & 1)),
+    // i.e. b0, b1 of n-tile 2j and b0, b1 of n-tile 2j + 1.
+    const int q = lane / 8, qr = lane % 8;
+    auto compute = [&](int s) {
+        const u16* as = As + s * TileA::STAGE;
+        const u16* bs = Bs + s * TileB::STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            u32 af[MT][4], bf[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int m = wm * WM + i * 16 + (q & 1) * 8, k = kk + (q >> 1) * 8;
+                if (A_KC) ldmatrix_x4<0>(af[i], smem_addr(as + (m + qr) * TileA::LD_S + k));
+                else      ldmatrix_x4<1>(af[i], smem_addr(as + (k + qr) * TileA::LD_S + m));
+            }
+#pragma unroll
+            for (int j = 0; j < NT / 2; ++j) {
+                const int n = wn * WN + j * 16 + (q >> 1) * 8, k = kk + (q & 1) * 8;
+                u32 r[4];
+                if (B_KC) ldmatrix_x4<0>(r, smem_addr(bs + (n + qr) * TileB::LD_S + k));
+                else      ldmatrix_x4<1>(r, smem_addr(bs + (k + qr) * TileB::LD_S + n));
+                bf[2 * j][0] = r[0];
+                bf[2 * j][1] = r[1];
+                bf[2 * j + 1][0] = r[2];
+                bf[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma_16816<DT, SM80>(acc[i][j], af[i], bf[j]);
+        }
+    };
+
+    const int KT = (K + BK - 1) / BK;
+    if constexpr (SM80) {
+        // Queues copies of k-slice kt of both operands into stage s.
+        auto load_stage = [&](int s, int kt) {
+            const int k0 = kt * BK;
+            if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K);
+            else      TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M);
+            if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K);
+            else      TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N);
+        };
+        // Ring of STAGES buffers; one commit group per k-slice (empty past
+        // the end) so that "all but STAGES - 2 groups done" means slice kt
+        // has landed.
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < KT) load_stage(s, s);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<STAGES - 2>();
+            // Makes every thread's copies of slice kt visible, and guarantees
+            // all warps are done with slice kt - 1, whose stage is refilled next.
+            __syncthreads();
+            const int next = kt + STAGES - 1;
+            if (next < KT) load_stage(next % STAGES, next);
+            cp_async_commit();
+            compute(kt % STAGES);
+        }
+    } else {
+        typename TileA::Staged sa;
+        typename TileB::Staged sb;
+        auto fetch = [&](int kt) {
+            const int k0 = kt * BK;
+            if (A_KC) sa.fetch(A, lda, m0, k0, M, K);
+            else      sa.fetch(A, lda, k0, m0, K, M);
+            if (B_KC) sb.fetch(B, ldb, n0, k0, N, K);
+            else      sb.fetch(B, ldb, k0, n0, K, N);
+        };
+        fetch(0);
+        sa.store(As);
+        sb.store(Bs);
+        __syncthreads();
+        for (int kt = 0; kt < KT; ++kt) {
+            if (kt + 1 < KT) fetch(kt + 1);  // in flight during the mmas
+            compute(kt % 2);
+            if (kt + 1 < KT) {
+                // Stage (kt + 1) % 2 was last read in step kt - 1, before the barrier ending it.
+                sa.store(As + ((kt + 1) % 2) * TileA::STAGE);
+                sb.store(Bs + ((kt + 1) % 2) * TileB::STAGE);
+            }
+            __syncthreads();
+        }
+    }
+
+    // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
+    // stores of column pairs when C's rows keep them aligned.
+    const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0);
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int n = n0 + wn * WN + j * 8 + 2 * t;
+        float b0 = 0.f, b1 = 0.f;
+        if (HAS_BIAS) {
+            if (n < N) b0 = E::load(bias[n]);
+            if (n + 1 < N) b1 = E::load(bias[n + 1]);
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                const int m = m0 + wm * WM + i * 16 + g + 8 * h;
+                if (m >= M || n >= N) continue;
+                float v0 = acc_get(acc[i][j], 2 * h) + b0;
+                float v1 = acc_get(acc[i][j], 2 * h + 1) + b1;
+                if (RELU) {
+                    v0 = relu_f(v0);
+                    v1 = relu_f(v1);
+                }
+                u16* c = C + (i64)m * N + n;
+                if (pair_ok && n + 1 < N) {
+                    *reinterpret_cast<u32*>(c) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                } else {
+                    c[0] = E::store(v0);
+                    if (n + 1 < N) c[1] = E::store(v1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+// Row and column reductions: bias_grad (column sums) and the fused softmax
+// cross-entropy forward + backward.
+#include "common.cuh"
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// db[c] = sum_m grad[m, c] in fp32, grad a contiguous [M, ncols] array.
+//
+// Reads M * N * elt bytes and writes N * 4: bandwidth bound. A block covers
+// 32 * VEC columns (each lane one VEC-wide vector, so a warp reads one
+// contiguous row segment) and WARPS * ITEMS rows (warp w takes rows
+// w, w + WARPS, ...); per-warp partial sums meet in shared memory and the
+// block adds its column totals to db with atomics, so any M splits over
+// enough blocks to fill the GPU. db must be zeroed first; the order of the
+// atomic adds, hence the last bits of the sum, varies from run to run.
+// grid.x walks row blocks, grid.y column blocks.
+template <int DT, int VEC, int ITEMS, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+bias_grad_kernel(const typename Elt<DT>::T* grad, float* db, i64 nrows, i64 ncols) {
+    typedef Elt<DT> E;
+    typedef Pack<typename E::T, VEC> P;
+    constexpr int WARPS = THREADS / 32;
+    constexpr int COLS = 32 * VEC;
+    __shared__ float partial[WARPS][COLS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const i64 col = (i64)blockIdx.y * COLS + lane * VEC;
+    const i64 row0 = (i64)blockIdx.x * (WARPS * ITEMS) + warp;
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
+    if (col < ncols) {  // the host picks VEC dividing ncols: the whole vector is in range
+        P in[ITEMS];
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            i64 r = row0 + (i64)i * WARPS;
+            if (r < nrows) in[i] = *reinterpret_cast<const P*>(grad + r * ncols + col);
+        }
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            if (row0 + (i64)i * WARPS < nrows) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[j] += E::load(in[i].v[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) partial[warp][lane * VEC + j] = acc[j];
+    __syncthreads();
+    for (int c = threadIdx.x; c < COLS; c += THREADS) {
+        i64 gc = (i64)blockIdx.y * COLS + c;
+        if (gc < ncols) {
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) s += partial[w][c];
+            atomicAdd(db + gc, s);
+        }
+    }
+}
+
+// Merges running (max, sum of exp(x - max)) pairs. The equality tests keep
+// -inf - -inf (a NaN) out of the sums; a NaN input still poisons the sum.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    float a = m == mx ? s : s * expf(m - mx);
+    float b = m2 == mx ? s2 : s2 * expf(m2 - mx);
+    m = mx;
+    s = a + b;
+}
+
+// Per row of logits [M, ncols] (contiguous) with int64 labels:
+//   loss += (logsumexp(x) - x[label]) / M       (loss zeroed by the host)
+//   dlogits = (softmax(x) - onehot(label)) / M  in the logits' dtype.
+//
+// One block per row. Pass 1 reads the row once, keeping an online
+// (max, sum exp(x - max)) per thread (Milakov & Gimelshein), then a warp
+// shuffle and a shared-memory step merge them; pass 2 re-reads the row
+// (from L2/L1 for any row that fits) and writes the gradient. Traffic is
+// 2 reads + 1 write of M * N * elt bytes, about 3 exps per element. A label
+// outside [0, ncols) cannot raise from the device: its row's loss is NaN and
+// its gradient is the plain softmax / M.
+template <int DT, int VEC, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+softmax_xent_kernel(const typename Elt<DT>::T* logits, const i64* labels, float* loss,
+                    typename Elt<DT>::T* dlogits, i64 ncols, float inv_rows) {
+    typedef Elt<DT> E;
+    typedef Pack<typename E::T, VEC> P;
+    constexpr int WARPS = THREADS / 32;
+    __shared__ float sh_m[WARPS], sh_s[WARPS];
+    const i64 row = blockIdx.x;
+    const typename E::T* x = logits + row * ncols;
+    typename E::T* dx = dlogits + row * ncols;
+    const i64 nvec = ncols / VEC;  // the host picks VEC dividing ncols
+
+    float m = neg_inf(), s = 0.f;
+    for (i64 v = threadIdx.x; v < nvec; v += THREADS) {
+        P p = reinterpret_cast<const P*>(x)[v];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) lse_merge(m, s, E::load(p.v[j]), 1.f);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+        float s2 = __shfl_xor_sync(0xffffffffu, s, off);
+        lse_merge(m, s, m2, s2);
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) {
+        sh_m[warp] = m;
+        sh_s[warp] = s;
+    }
+    __syncthreads();
+    m = sh_m[0];
+    s = sh_s[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) lse_merge(m, s, sh_m[w], sh_s[w]);
+
+    const i64 label = labels[row];
+    const bool valid = label >= 0 && label < ncols;
+    const float inv_s = 1.f / s;
+    for (i64 v = threadIdx.x; v < nvec; v += THREADS) {
+        P p = reinterpret_cast<const P*>(x)[v];
+        P out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            float g = expf(E::load(p.v[j]) - m) * inv_s - (v * VEC + j == label ? 1.f : 0.f);
+            out.v[j] = E::store(g * inv_rows);
+        }
+        reinterpret_cast<P*>(dx)[v] = out;
+    }
+    if (threadIdx.x == 0) {
+        float row_loss = valid ? m + logf(s) - E::load(x[label]) : __int_as_float(0x7fc00000);
+        atomicAdd(loss, row_loss * inv_rows);
+    }
+}

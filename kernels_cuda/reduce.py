@@ -1,0 +1,101 @@
+"""bias_grad and softmax_cross_entropy (reduce.cu) and their search spaces."""
+from __future__ import annotations
+
+import torch
+
+from . import _runtime as rt
+from .contract import DTYPES, Space, check_tensor, dtype_name
+
+_DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
+_FLOATS = tuple(DTYPES.values())
+
+# A block sums 32 * VEC columns over num_warps * ITEMS rows and adds its
+# column totals to the output with atomics.
+BIAS_GRAD_SPACE = Space(
+    params={"num_warps": (1, 2, 4, 8), "VEC": (1, 2, 4, 8), "ITEMS": (1, 2, 4, 8, 16)},
+    default={"num_warps": 8, "VEC": 4, "ITEMS": 8},
+    threads="32 * num_warps",
+    smem_bytes="num_warps * 32 * VEC * 4",
+    notes="block = 32*VEC columns x num_warps*ITEMS rows; VEC lowered to divide N and fit alignment",
+)
+
+# One block per row; VEC elements per load.
+SOFTMAX_XENT_SPACE = Space(
+    params={"num_warps": (1, 2, 4, 8, 16), "VEC": (1, 2, 4, 8)},
+    default={"num_warps": 4, "VEC": 4},
+    threads="32 * num_warps",
+    smem_bytes="num_warps * 8",
+    notes="one block per row; VEC lowered to divide N and fit alignment",
+)
+
+
+def bias_grad_variant(dtype: str, cfg, vec: int) -> rt.Variant:
+    return rt.Variant("reduce.cu", "bias_grad_kernel", (_DT_CODE[dtype], vec, cfg["ITEMS"], 32 * cfg["num_warps"]))
+
+
+def softmax_xent_variant(dtype: str, cfg, vec: int) -> rt.Variant:
+    return rt.Variant("reduce.cu", "softmax_xent_kernel", (_DT_CODE[dtype], vec, 32 * cfg["num_warps"]))
+
+
+def main_variant(op: str, dtype: str, cfg) -> tuple[rt.Variant, int]:
+    if op == "bias_grad":
+        return bias_grad_variant(dtype, cfg, cfg["VEC"]), 0
+    return softmax_xent_variant(dtype, cfg, cfg["VEC"]), 0
+
+
+def _setup(name: str, x, space, config):
+    check_tensor(name, x, ndim=2, dtypes=_FLOATS)
+    rt.check_cuda(name, x)
+    dev = x.device.index
+    arch, _ = rt.device_props(dev)
+    return dev, rt.resolve(space, config, x.element_size(), arch)
+
+
+def bias_grad(grad, *, out=None, config=None):
+    dev, cfg = _setup("grad", grad, BIAS_GRAD_SPACE, config)
+    nrows, ncols = grad.shape
+    if out is None:
+        out = torch.zeros(ncols, dtype=torch.float32, device=grad.device)
+    else:
+        check_tensor("out", out, ndim=1, dtypes=(torch.float32,), device=grad.device)
+        if out.shape[0] != ncols or not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous float32 tensor of shape ({ncols},), got {tuple(out.shape)}")
+        out.zero_()
+    if grad.numel() == 0:
+        return out
+    grad = grad.contiguous()
+    vec = rt.pick_vec(cfg["VEC"], grad.element_size(), (grad,), (ncols,))
+    threads = 32 * cfg["num_warps"]
+    grid = (rt.cdiv(nrows, cfg["num_warps"] * cfg["ITEMS"]), rt.cdiv(ncols, 32 * vec), 1)
+    if grid[1] > 65535:
+        raise ValueError(f"grad: {ncols} columns need {grid[1]} column blocks, more than the 65535 grid.y allows")
+    rt.launch(bias_grad_variant(dtype_name(grad.dtype), cfg, vec), dev, grid, (threads, 1, 1),
+              (rt.ptr(grad), rt.ptr(out), rt.i64(nrows), rt.i64(ncols)))
+    return out
+
+
+def softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
+    dev, cfg = _setup("logits", logits, SOFTMAX_XENT_SPACE, config)
+    check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=logits.device)
+    nrows, ncols = logits.shape
+    if labels.shape[0] != nrows:
+        raise ValueError(f"labels: expected shape ({nrows},), got {tuple(labels.shape)}")
+    if nrows > 0 and ncols == 0:
+        raise ValueError("logits: needs at least one class column")
+    if out_grad is None:
+        out_grad = torch.empty((nrows, ncols), dtype=logits.dtype, device=logits.device)
+    else:
+        check_tensor("out_grad", out_grad, ndim=2, dtypes=(logits.dtype,), device=logits.device)
+        if tuple(out_grad.shape) != (nrows, ncols) or not out_grad.is_contiguous():
+            raise ValueError(f"out_grad: expected a contiguous tensor of shape {(nrows, ncols)}, "
+                             f"got {tuple(out_grad.shape)}")
+    if nrows == 0:  # torch's mean over no rows
+        return torch.full((), float("nan"), dtype=torch.float32, device=logits.device), out_grad
+    loss = torch.zeros((), dtype=torch.float32, device=logits.device)
+    logits, labels = logits.contiguous(), labels.contiguous()
+    vec = rt.pick_vec(cfg["VEC"], logits.element_size(), (logits, out_grad), (ncols,))
+    rt.launch(softmax_xent_variant(dtype_name(logits.dtype), cfg, vec), dev, (nrows, 1, 1),
+              (32 * cfg["num_warps"], 1, 1),
+              (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(out_grad), rt.i64(ncols),
+               rt.f32(1.0 / nrows)))
+    return loss, out_grad
