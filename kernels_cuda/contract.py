@@ -200,6 +200,8 @@ def matrix_layout(t: torch.Tensor, transposed: bool) -> tuple[torch.Tensor, bool
     """
     s_rows, s_cols = (t.stride(1), t.stride(0)) if transposed else (t.stride(0), t.stride(1))
     rows, cols = (t.shape[1], t.shape[0]) if transposed else (t.shape[0], t.shape[1])
+    if (s_rows == 0 and rows > 1) or (s_cols == 0 and cols > 1):  # expanded (broadcast) views
+        return matrix_layout(t.contiguous(), transposed)
     if s_cols == 1 or cols == 1:
         return t, True, max(s_rows, 1) if rows > 1 else max(cols, 1)
     if s_rows == 1 or rows == 1:

@@ -128,14 +128,6 @@ def main_variant(dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
     return tc_variant(cfg, dtype, arch, True, False, cfg["VEC"], cfg["VEC"], False, False, False), tc_smem(cfg, True, False)
 
 
-def _layout(t: torch.Tensor, transposed: bool):
-    # matrix_layout reads a stride-0 (expanded) dimension as leading dim 1:
-    # materialize those views first.
-    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
-        t = t.contiguous()
-    return matrix_layout(t, transposed)
-
-
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
            accumulate="fp32"):
     M, N, K = matmul_shapes(a, b, trans_a, trans_b)
@@ -173,8 +165,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
                 out.relu_()
         return out
 
-    a_t, a_kc, lda = _layout(a, trans_a)  # op(a) is M x K: cols contiguous = k contiguous
-    b_t, b_n_contig, ldb = _layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
+    a_t, a_kc, lda = matrix_layout(a, trans_a)  # op(a) is M x K: cols contiguous = k contiguous
+    b_t, b_n_contig, ldb = matrix_layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
     b_kc = not b_n_contig
     if bias is not None:
         bias = bias.contiguous()
