@@ -1,0 +1,33 @@
+"""Triton twin of `kernels_cuda`: the ops of a small MLP's training step.
+
+Same functions, signatures and search spaces-as-data as the raw-CUDA twin
+(see `kernels_cuda.contract`): matmul (with fused bias + ReLU), relu,
+relu_backward, bias_add, bias_grad, softmax_cross_entropy and sgd_update,
+plus `space(op, dtype)` and two resource probes, `compile_report` (offline,
+any target) and `resource_report` (the last launch on this GPU).
+
+Module map: matmul.py, elementwise.py (relu, relu_backward, bias_add),
+reduction.py (bias_grad), loss.py, optim.py, resources.py (spaces and
+reports), _runtime.py (argument checks, config resolution, launching).
+"""
+import os
+
+import torch
+
+# With no GPU, run the kernels in Triton's interpreter on CPU tensors, so the
+# package (and its tests) work anywhere. @triton.jit reads the variable when it
+# decorates a kernel, so it is set before the kernel modules are imported.
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from .elementwise import bias_add, relu, relu_backward  # noqa: E402
+from .loss import softmax_cross_entropy  # noqa: E402
+from .matmul import matmul  # noqa: E402
+from .optim import sgd_update  # noqa: E402
+from .reduction import bias_grad  # noqa: E402
+from .resources import compile_report, resource_report, space  # noqa: E402
+
+__all__ = [
+    "matmul", "relu", "relu_backward", "bias_add", "bias_grad", "softmax_cross_entropy", "sgd_update",
+    "space", "compile_report", "resource_report",
+]

@@ -1,0 +1,124 @@
+"""sgd_update: torch.optim.SGD's step (dampening 0, no Nesterov), in place.
+
+    d = g + weight_decay * p
+    buf = momentum * buf + d;  d = buf      (only when momentum != 0)
+    p = p - lr * d
+
+The update is elementwise and memory-bound, so it uses the layout of the
+elementwise kernels (BLOCK consecutive elements per program, VEC-wide
+accesses when the lengths and pointers allow). One launch per tensor: the
+networks here have a handful of parameter tensors, and a multi-tensor launch
+would need a pointer table, i.e. an allocation and a host-to-device copy.
+
+Weight decay and momentum are compile-time switches rather than zeros, so that
+weight_decay = 0 does what torch does (skip the term: 0 * inf would be NaN)
+and the no-momentum kernel never touches a buffer. lr, momentum and
+weight_decay are runtime fp32 scalars, so a schedule that changes lr does not
+recompile (a captured CUDA graph still bakes in the values it was captured with).
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_cuda import contract
+
+from . import _runtime as rt
+
+
+@triton.jit
+def _sgd_kernel(
+    p_ptr, g_ptr, buf_ptr, n, lr, momentum, weight_decay,
+    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, INT64: tl.constexpr,
+    BLOCK: tl.constexpr, VEC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    if VEC > 1:  # a hint of 1 would overwrite what the compiler already knows
+        offs = tl.max_contiguous(tl.multiple_of(offs, VEC), VEC)
+    mask = offs < (n // VEC) * VEC  # VEC | n, made visible to the compiler
+    p = tl.load(p_ptr + offs, mask=mask)
+    d = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    if HAS_WEIGHT_DECAY:
+        d += weight_decay * p
+    if HAS_MOMENTUM:
+        d += momentum * tl.load(buf_ptr + offs, mask=mask)
+        tl.store(buf_ptr + offs, d, mask=mask)
+    tl.store(p_ptr + offs, p - lr * d, mask=mask)
+
+
+SPACES = {
+    name: contract.Space(
+        params={"BLOCK": (1024, 2048, 4096, 8192), "num_warps": (2, 4, 8, 16), "VEC": (1, 2, 4)},
+        default={"BLOCK": 2048, "num_warps": 4, "VEC": 4},
+        restrictions=("BLOCK % (32 * num_warps * VEC) == 0",),
+        notes="dtype names the grads' dtype; params and buffers are fp32, so VEC <= 4",
+    )
+    for name in contract.DTYPES
+}
+
+
+def _check_scalar(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def plan_sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0.0, config=None):
+    lr = _check_scalar("lr", lr)
+    momentum = _check_scalar("momentum", momentum)
+    weight_decay = _check_scalar("weight_decay", weight_decay)
+    for name, seq in (("params", params), ("grads", grads)):
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"{name}: expected a list of tensors, got {type(seq).__name__}")
+    if len(grads) != len(params):
+        raise ValueError(f"grads: {len(grads)} tensors for {len(params)} params")
+    if momentum:
+        if not isinstance(momentum_bufs, (list, tuple)) or len(momentum_bufs) != len(params):
+            raise ValueError("momentum_bufs: momentum != 0 needs one float32 buffer per param")
+    plans = []
+    device = None
+    for i, (p, g) in enumerate(zip(params, grads)):
+        contract.check_tensor(f"params[{i}]", p, dtypes=(torch.float32,), device=device)
+        if device is None:  # the first param sets the device for all
+            rt.check_device(f"params[{i}]", p)
+            device = p.device
+        contract.check_tensor(f"grads[{i}]", g, dtypes=tuple(contract.DTYPES.values()), device=device)
+        if g.shape != p.shape:
+            raise ValueError(f"grads[{i}]: shape {tuple(g.shape)} differs from params[{i}]'s {tuple(p.shape)}")
+        if not p.is_contiguous():
+            raise ValueError(f"params[{i}]: must be contiguous (updated in place as flat memory)")
+        buf = None
+        if momentum:
+            buf = momentum_bufs[i]
+            contract.check_tensor(f"momentum_bufs[{i}]", buf, dtypes=(torch.float32,), device=device)
+            if buf.shape != p.shape or not buf.is_contiguous():
+                raise ValueError(f"momentum_bufs[{i}]: must be contiguous with shape {tuple(p.shape)}")
+        g = rt.flat_input(g)
+        dtype = contract.dtype_name(g.dtype)
+        cfg = rt.resolve(SPACES[dtype], config, g.element_size(), device)
+        n = p.numel()
+        if n == 0:
+            continue
+        vec = rt.vector_width(cfg["VEC"], n, p, g, *([buf] if buf is not None else []))
+        args = dict(
+            p_ptr=p, g_ptr=g, buf_ptr=buf if buf is not None else p, n=n,
+            lr=lr, momentum=momentum, weight_decay=weight_decay,
+            HAS_MOMENTUM=bool(momentum), HAS_WEIGHT_DECAY=bool(weight_decay),
+            INT64=n + cfg["BLOCK"] > 2**31 - 1, BLOCK=cfg["BLOCK"], VEC=vec,
+        )
+        plans.append(rt.Plan("sgd_update", dtype, cfg, _sgd_kernel, (rt.cdiv(n, cfg["BLOCK"]),), args,
+                             cfg["num_warps"]))
+    return plans
+
+
+def sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0.0, config=None):
+    # Every tensor is checked before the first one is touched: no half-applied step.
+    for p in plan_sgd_update(params, grads, momentum_bufs, lr=lr, momentum=momentum,
+                             weight_decay=weight_decay, config=config):
+        rt.launch(p)

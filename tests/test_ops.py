@@ -1,0 +1,613 @@
+"""Correctness of every op of both twins against the float64 references.
+
+Each test draws fresh random inputs (see conftest.py for replaying a seed),
+writes into outputs poisoned with NaN (so an element the kernel skipped
+fails), and compares with `reference.exact` by relative error
+||out - ref|| / ||ref||, or exactly where the op rounds only once.
+
+Without a GPU only the Triton twin runs, in Triton's interpreter, on modest
+shapes; with one, the `gpu`-marked tests add the CUDA twin and large shapes.
+"""
+import itertools
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from kernels_cuda import contract
+from kernels_cuda.reference import exact
+
+DTYPES = list(contract.DTYPES)
+TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
+TRANSPOSES = list(itertools.product([False, True], repeat=2))
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def randn(rng, shape, dtype, device, scale=1.0):
+    t = torch.randn(shape, generator=rng, dtype=torch.float64) * scale
+    return t.to(device=device, dtype=contract.DTYPES[dtype] if isinstance(dtype, str) else dtype)
+
+
+def poisoned(shape, dtype, device):
+    dtype = contract.DTYPES[dtype] if isinstance(dtype, str) else dtype
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def laid_out(t, layout):
+    """The same values as `t`, stored as `layout` asks."""
+    if layout == "contiguous":
+        return t
+    if layout == "offset1":  # contiguous, but one element into its allocation
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        return view
+    if layout == "strided":  # every other element of a wider buffer
+        buf = torch.empty(t.shape + (2,), dtype=t.dtype, device=t.device)
+        view = buf[..., 0]
+        view.copy_(t)
+        assert not view.is_contiguous() or t.numel() <= 1
+        return view
+    raise AssertionError(layout)
+
+
+def rel_err(out, ref):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def assert_rel(out, ref, tol, what="out"):
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert not out.isnan().any(), f"{what}: NaN in output (unwritten element?)"
+    if ref.numel():
+        err = rel_err(out, ref)
+        assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+
+def assert_exact(out, ref, what="out"):
+    """Equal to the float64 result rounded once to out's dtype (NaN where it is NaN).
+
+    Triton's interpreter converts fp32 to bf16 by truncation, not rounding to
+    nearest as the GPU does: there, bf16 results may be 1 ulp (2**-7 relative) off.
+    """
+    rtol = 2.0**-7 if INTERPRETED and out.dtype == torch.bfloat16 else 0.0
+    torch.testing.assert_close(out.cpu(), ref.to(out.dtype).cpu(), rtol=rtol, atol=0, equal_nan=True, msg=what)
+
+
+def matmul_tol(dtype, k, accumulate="fp32"):
+    if accumulate == "fp16":  # every partial sum rounds to fp16
+        return 2e-3 + 1e-3 * math.sqrt(k)
+    return TOL[dtype] * max(1.0, math.sqrt(k) / 16)
+
+
+def matmul_operands(rng, m, n, k, dtype, device, trans_a, trans_b):
+    a = randn(rng, (k, m) if trans_a else (m, k), dtype, device)
+    b = randn(rng, (n, k) if trans_b else (k, n), dtype, device)
+    return a, b
+
+
+def check_matmul(ops, a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, config=None,
+                 accumulate="fp32"):
+    m, n, k = contract.matmul_shapes(a, b, trans_a, trans_b)
+    out = poisoned((m, n), a.dtype, a.device)
+    got = ops.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b, out=out,
+                     config=config, accumulate=accumulate)
+    assert got is out
+    ref = exact.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b)
+    assert_rel(out, ref, matmul_tol(contract.dtype_name(a.dtype), k, accumulate))
+
+
+def other_device(device):
+    """A device the op must refuse to mix with `device`."""
+    return "meta" if device == "cpu" else "cpu"
+
+
+# ----------------------------------------------------------------------------- matmul
+
+MATMUL_SHAPES = [(1, 1, 1), (7, 33, 127), (129, 64, 33), (200, 129, 200)]
+MATMUL_GPU_SHAPES = [(1000, 1000, 1000), (1823, 781, 1000), (127, 1823, 784), (4096, 512, 96)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans_a,trans_b", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k", MATMUL_SHAPES)
+def test_matmul(ops, device, rng, m, n, k, trans_a, trans_b, dtype):
+    a, b = matmul_operands(rng, m, n, k, dtype, device, trans_a, trans_b)
+    check_matmul(ops, a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
+def test_matmul_wide_ragged(ops, device, rng, trans_a, trans_b, dtype):
+    a, b = matmul_operands(rng, 1823, 781, 9, dtype, device, trans_a, trans_b)
+    check_matmul(ops, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (781,), dtype, device),
+                 activation="relu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans_a,trans_b", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k", MATMUL_GPU_SHAPES)
+def test_matmul_large(ops, device, rng, m, n, k, trans_a, trans_b, dtype):
+    a, b = matmul_operands(rng, m, n, k, dtype, device, trans_a, trans_b)
+    check_matmul(ops, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, device),
+                 activation="relu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("bias_kind", [None, "contiguous", "strided"])
+def test_matmul_bias_activation(ops, device, rng, bias_kind, activation, dtype):
+    m, n, k = 65, 47, 70
+    a, b = matmul_operands(rng, m, n, k, dtype, device, False, False)
+    bias = None if bias_kind is None else laid_out(randn(rng, (n,), dtype, device, scale=3.0), bias_kind)
+    check_matmul(ops, a, b, bias=bias, activation=activation)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", ["column_slice", "offset1", "transposed", "no_unit_stride"])
+def test_matmul_views(ops, device, rng, view, dtype):
+    m, n, k = 37, 45, 29
+    if view == "column_slice":  # rows longer than the view: leading dim > cols, storage offset 2
+        a = randn(rng, (m, k + 5), dtype, device)[:, 2:2 + k]
+        b = randn(rng, (k, n + 3), dtype, device)[:, 1:1 + n]
+    elif view == "offset1":
+        a = laid_out(randn(rng, (m, k), dtype, device), "offset1")
+        b = laid_out(randn(rng, (k, n), dtype, device), "offset1")
+    elif view == "transposed":  # column-major operands, no transpose flags
+        a = randn(rng, (k, m), dtype, device).t()
+        b = randn(rng, (n, k), dtype, device).t()
+    else:
+        a = randn(rng, (2 * m, 2 * k), dtype, device)[::2, ::2]
+        b = randn(rng, (2 * k, 3 * n), dtype, device)[::2, ::3]
+    check_matmul(ops, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_out_view(ops, device, rng, dtype):
+    """`out` may be a strided view; elements outside it stay untouched."""
+    m, n, k = 33, 20, 17
+    a, b = matmul_operands(rng, m, n, k, dtype, device, False, False)
+    big = poisoned((m, n + 4), dtype, device)
+    out = big[:, 2:2 + n]
+    assert ops.matmul(a, b, out=out) is out
+    assert_rel(out, exact.matmul(a, b), matmul_tol(dtype, k))
+    assert big[:, :2].isnan().all() and big[:, 2 + n:].isnan().all(), "wrote outside out"
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 64, 64), (33, 129, 200)])
+def test_matmul_accumulate_fp16(ops, device, rng, m, n, k):
+    a, b = matmul_operands(rng, m, n, k, "fp16", device, False, False)
+    check_matmul(ops, a, b, accumulate="fp16")
+    check_matmul(ops, a, b, bias=randn(rng, (n,), "fp16", device), activation="relu", accumulate="fp16")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_allocates(ops, device, rng, dtype):
+    a, b = matmul_operands(rng, 9, 10, 11, dtype, device, False, True)
+    c = ops.matmul(a, b, trans_b=True)
+    assert c.dtype == a.dtype and c.device == a.device and tuple(c.shape) == (9, 10)
+    assert_rel(c, exact.matmul(a, b, trans_b=True), matmul_tol(dtype, 11))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_matmul_nan_inf(ops, device, rng, activation, dtype):
+    m, n, k = 20, 24, 16
+    a = randn(rng, (m, k), dtype, device)
+    b = randn(rng, (k, n), dtype, device).abs()
+    a[3, 5] = float("nan")
+    a[7] = a[7].abs()
+    a[7, 2] = float("inf")  # row 7 of C: +inf everywhere (all terms >= 0)
+    out = poisoned((m, n), dtype, device)
+    ops.matmul(a, b, activation=activation, out=out)
+    ref = exact.matmul(a, b, activation=activation)
+    assert out[3].isnan().all(), "NaN in a row of A must give a NaN row (relu keeps NaN)"
+    assert torch.equal(out.isinf().cpu(), ref.isinf().cpu())
+    finite = ref.isfinite()
+    assert not out[finite].isnan().any()
+    assert rel_err(out[finite], ref[finite]) <= matmul_tol(dtype, k)
+
+
+@pytest.mark.parametrize("m,n,k", [(0, 5, 3), (5, 0, 3), (0, 0, 0), (4, 6, 0)])
+def test_matmul_empty(ops, device, rng, m, n, k):
+    a, b = matmul_operands(rng, m, n, k, "fp32", device, False, False)
+    bias = randn(rng, (n,), "fp32", device)
+    out = poisoned((m, n), "fp32", device)
+    ops.matmul(a, b, bias=bias, out=out)
+    assert_rel(out, exact.matmul(a, b, bias=bias), 1e-6)  # K = 0: the bias alone
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+SIZES = [1, 7, 33, 127, 129, 784, 1000, 4099]
+LAYOUTS = ["contiguous", "offset1", "strided"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_relu(ops, device, rng, n, dtype, layout):
+    x = laid_out(randn(rng, (n,), dtype, device), layout)
+    out = laid_out(poisoned((n,), dtype, device), "offset1" if layout == "offset1" else "contiguous")
+    assert ops.relu(x, out=out) is out
+    assert_exact(out, exact.relu(x))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_relu_backward(ops, device, rng, n, dtype, layout):
+    grad = laid_out(randn(rng, (n,), dtype, device), layout)
+    y = torch.relu(randn(rng, (n,), dtype, device))  # exact zeros where the forward clipped
+    y = laid_out(y, "offset1" if layout == "contiguous" else layout)
+    out = poisoned((n,), dtype, device)
+    assert ops.relu_backward(grad, y, out=out) is out
+    assert_exact(out, exact.relu_backward(grad, y))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_2d_and_allocates(ops, device, rng, dtype):
+    x = randn(rng, (33, 65), dtype, device)
+    y = ops.relu(x)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_exact(y, exact.relu(x))
+    g = randn(rng, (33, 65), dtype, device)
+    assert_exact(ops.relu_backward(g, y), exact.relu_backward(g, y))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "offset1", "transposed"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "relu"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 33), (129, 784), (33, 1000), (5, 4099)])
+def test_bias_add(ops, device, rng, m, n, activation, dtype, layout):
+    if layout == "transposed":
+        x = randn(rng, (n, m), dtype, device).t()
+    else:
+        x = laid_out(randn(rng, (m, n), dtype, device), layout)
+    bias = laid_out(randn(rng, (n,), dtype, device), "offset1" if layout == "offset1" else "contiguous")
+    out = poisoned((m, n), dtype, device)
+    assert ops.bias_add(x, bias, activation=activation, out=out) is out
+    assert_exact(out, exact.bias_add(x, bias, activation=activation))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_nan_inf(ops, device, dtype):
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, -1.0, 2.0],
+                           dtype=contract.DTYPES[dtype], device=device)
+    assert_exact(ops.relu(special), exact.relu(special), "relu")
+    y = torch.tensor([1.0, 1.0, 1.0, 0.0, float("nan"), -1.0, float("inf")],
+                     dtype=contract.DTYPES[dtype], device=device)
+    assert_exact(ops.relu_backward(special, y), exact.relu_backward(special, y), "relu_backward")
+    x = special.view(1, -1).repeat(3, 1)
+    bias = torch.tensor([1.0, -float("inf"), 1.0, 0.0, float("nan"), 1.0, -2.0],
+                        dtype=contract.DTYPES[dtype], device=device)
+    for activation in (None, "relu"):
+        assert_exact(ops.bias_add(x, bias, activation=activation), exact.bias_add(x, bias, activation=activation),
+                     f"bias_add {activation}")
+
+
+def test_elementwise_empty(ops, device):
+    x = torch.empty(0, device=device)
+    assert ops.relu(x).shape == (0,)
+    assert ops.relu_backward(x, x).shape == (0,)
+    for shape in [(0, 5), (5, 0)]:
+        assert ops.bias_add(torch.empty(shape, device=device), torch.zeros(shape[1], device=device)).shape == shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_large(ops, device, rng, dtype):
+    n = (1 << 24) + 3
+    x = randn(rng, (n,), dtype, device)
+    assert_exact(ops.relu(x), exact.relu(x))
+    x2 = randn(rng, (4097, 4099), dtype, device)
+    b = randn(rng, (4099,), dtype, device)
+    assert_exact(ops.bias_add(x2, b, activation="relu"), exact.bias_add(x2, b, activation="relu"))
+
+
+# ----------------------------------------------------------------------------- bias_grad
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 33), (1000, 10), (129, 784), (4099, 3), (0, 5), (5, 0)])
+def test_bias_grad(ops, device, rng, m, n, dtype, layout):
+    if layout == "transposed":
+        grad = randn(rng, (n, m), dtype, device).t()
+    else:
+        grad = randn(rng, (m, n), dtype, device)
+    out = poisoned((n,), torch.float32, device)
+    assert ops.bias_grad(grad, out=out) is out
+    assert_rel(out, exact.bias_grad(grad), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_grad_tall(ops, device, rng, dtype):
+    m = 100_000 if device == "cpu" else 1_000_000
+    for n in (1, 3) if device == "cpu" else (1, 10, 4096):
+        grad = randn(rng, (m if n < 4096 else 1 << 17, n), dtype, device)
+        db = ops.bias_grad(grad)
+        assert db.dtype == torch.float32
+        assert_rel(db, exact.bias_grad(grad), 1e-5, f"n={n}")
+
+
+# ----------------------------------------------------------------------------- softmax_cross_entropy
+
+def check_softmax_ce(ops, logits, labels, config=None, grad_tol=None):
+    m, c = logits.shape
+    out_grad = poisoned((m, c), logits.dtype, logits.device)
+    loss, grad = ops.softmax_cross_entropy(logits, labels, out_grad=out_grad, config=config)
+    assert grad is out_grad
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    ref_loss, ref_grad = exact.softmax_cross_entropy(logits, labels)
+    assert math.isfinite(loss.item())
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item())), \
+        f"loss {loss.item()} != {ref_loss.item()}"
+    assert_rel(grad, ref_grad, grad_tol or TOL[contract.dtype_name(logits.dtype)], "dlogits")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,c", [(1, 1), (7, 10), (33, 127), (64, 1000), (5, 3000)])
+def test_softmax_cross_entropy(ops, device, rng, m, c, dtype):
+    logits = randn(rng, (m, c), dtype, device, scale=3.0)
+    labels = torch.randint(0, c, (m,), generator=rng).to(device)
+    check_softmax_ce(ops, logits, labels)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_cross_entropy_views(ops, device, rng, dtype):
+    m, c = 9, 130
+    logits = randn(rng, (c, m), dtype, device, scale=3.0).t()  # column-major
+    labels = torch.randint(0, c, (m, 2), generator=rng).to(device)[:, 1]  # strided labels
+    check_softmax_ce(ops, logits, labels)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_cross_entropy_large_logits(ops, device, rng, dtype):
+    m, c = 16, 50
+    logits = randn(rng, (m, c), dtype, device, scale=1e4)
+    labels = torch.randint(0, c, (m,), generator=rng).to(device)
+    loss, grad = ops.softmax_cross_entropy(logits, labels)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    ref_loss, ref_grad = exact.softmax_cross_entropy(logits, labels)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item()) + 1e-3
+    assert (grad.double().cpu() - ref_grad.cpu()).abs().max() <= 1e-2 / m
+
+
+def test_softmax_cross_entropy_nan(ops, device, rng):
+    logits = randn(rng, (4, 10), "fp32", device)
+    logits[2, 3] = float("nan")
+    labels = torch.tensor([0, 1, 2, 3], device=device)
+    loss, grad = ops.softmax_cross_entropy(logits, labels)
+    assert loss.isnan(), "a NaN logit must make the mean loss NaN"
+    assert grad[2].isnan().all() and not grad[[0, 1, 3]].isnan().any()
+
+
+def test_softmax_cross_entropy_empty(ops, device):
+    loss, grad = ops.softmax_cross_entropy(torch.empty(0, 10, device=device),
+                                           torch.empty(0, dtype=torch.int64, device=device))
+    assert loss.isnan() and grad.shape == (0, 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_cross_entropy_large(ops, device, rng, dtype):
+    for m, c in [(4096, 10), (512, 32000)]:
+        logits = randn(rng, (m, c), dtype, device, scale=3.0)
+        labels = torch.randint(0, c, (m,), generator=rng).to(device)
+        check_softmax_ce(ops, logits, labels)
+
+
+# ----------------------------------------------------------------------------- sgd_update
+
+@pytest.mark.parametrize("grad_dtype", DTYPES)
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-2), (0.9, 1e-2)])
+def test_sgd_update(ops, device, rng, momentum, weight_decay, grad_dtype):
+    shapes = [(7,), (33, 5), (1000,), (4099,), (1,)]
+    params = [randn(rng, s, "fp32", device) for s in shapes]
+    params[1] = laid_out(params[1], "offset1")  # contiguous, misaligned
+    bufs = [torch.zeros(s, dtype=torch.float32, device=device) for s in shapes] if momentum else None
+    ref_params = [p.double() for p in params]
+    ref_bufs = [b.double() for b in bufs] if momentum else None
+    for step in range(3):
+        grads = [randn(rng, s, grad_dtype, device) for s in shapes]
+        grads[2] = laid_out(grads[2], "offset1")
+        grads[3] = laid_out(grads[3], "strided")
+        lr = 0.1 / (step + 1)  # a schedule: lr changes between steps
+        ops.sgd_update(params, grads, bufs, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        ref_params, new_bufs = exact.sgd_update(ref_params, grads, ref_bufs, lr=lr, momentum=momentum,
+                                                weight_decay=weight_decay)
+        ref_bufs = new_bufs if momentum else None
+    for i, (p, ref) in enumerate(zip(params, ref_params)):
+        assert_rel(p, ref, 1e-6, f"params[{i}]")
+    if momentum:
+        for i, (b, ref) in enumerate(zip(bufs, ref_bufs)):
+            assert_rel(b, ref, 1e-6, f"momentum_bufs[{i}]")
+
+
+def test_sgd_update_special(ops, device):
+    """weight_decay = 0 skips the term (inf params stay inf); NaN grads propagate; empty params pass."""
+    p = torch.tensor([float("inf"), 1.0, 2.0], device=device)
+    g = torch.tensor([0.0, float("nan"), 1.0], device=device)
+    empty = torch.empty(0, device=device)
+    ops.sgd_update([p, empty], [g, empty.clone()], None, lr=0.5)
+    assert p[0].item() == float("inf") and p[1].isnan() and p[2].item() == 1.5
+
+
+# ----------------------------------------------------------------------------- argument errors
+
+def bad_calls(ops, device):
+    """(argument that must be named, call) pairs; each call is invalid in one way."""
+    f32 = dict(dtype=torch.float32, device=device)
+    x = torch.ones(4, 6, **f32)
+    b = torch.ones(6, 5, **f32)
+    h = torch.ones(6, 5, dtype=torch.float16, device=device)
+    odd = torch.ones(6, 5, device=other_device(device))
+    labels = torch.zeros(4, dtype=torch.int64, device=device)
+    p, g = torch.ones(3, **f32), torch.ones(3, **f32)
+    return [
+        ("a", lambda: ops.matmul("not a tensor", b)),
+        ("a", lambda: ops.matmul(torch.ones(6, **f32), b)),
+        ("b", lambda: ops.matmul(x, h)),
+        ("b", lambda: ops.matmul(x, torch.ones(5, 5, **f32))),
+        ("b", lambda: ops.matmul(x, odd)),
+        ("b", lambda: ops.matmul(x, b, trans_b=True)),
+        ("bias", lambda: ops.matmul(x, b, bias=torch.ones(6, **f32))),
+        ("bias", lambda: ops.matmul(x, b, bias=torch.ones(5, dtype=torch.float16, device=device))),
+        ("out", lambda: ops.matmul(x, b, out=torch.empty(4, 6, **f32))),
+        ("out", lambda: ops.matmul(x, b, out=torch.empty(4, 5, dtype=torch.float16, device=device))),
+        ("activation", lambda: ops.matmul(x, b, activation="gelu")),
+        ("accumulate", lambda: ops.matmul(x, b, accumulate="fp16")),
+        ("accumulate", lambda: ops.matmul(x, b, accumulate="int8")),
+        ("x", lambda: ops.relu(torch.ones(3, dtype=torch.int32, device=device))),
+        ("out", lambda: ops.relu(x, out=torch.empty(4, 5, **f32))),
+        ("out", lambda: ops.relu(x, out=torch.empty(4, 6, dtype=torch.float16, device=device))),
+        ("y", lambda: ops.relu_backward(x, torch.ones(4, 5, **f32))),
+        ("y", lambda: ops.relu_backward(x, x.half())),
+        ("x", lambda: ops.bias_add(torch.ones(6, **f32), torch.ones(6, **f32))),
+        ("bias", lambda: ops.bias_add(x, torch.ones(5, **f32))),
+        ("bias", lambda: ops.bias_add(x, torch.ones(6, dtype=torch.float16, device=device))),
+        ("activation", lambda: ops.bias_add(x, torch.ones(6, **f32), activation="tanh")),
+        ("grad", lambda: ops.bias_grad(torch.ones(6, **f32))),
+        ("out", lambda: ops.bias_grad(x, out=torch.empty(6, dtype=torch.float16, device=device))),
+        ("out", lambda: ops.bias_grad(x, out=torch.empty(5, **f32))),
+        ("logits", lambda: ops.softmax_cross_entropy(torch.ones(4, **f32), labels)),
+        ("labels", lambda: ops.softmax_cross_entropy(x, labels.int())),
+        ("labels", lambda: ops.softmax_cross_entropy(x, labels[:3])),
+        ("labels", lambda: ops.softmax_cross_entropy(x, torch.zeros(4, dtype=torch.int64,
+                                                                     device=other_device(device)))),
+        ("out_grad", lambda: ops.softmax_cross_entropy(x, labels, out_grad=torch.empty(4, 5, **f32))),
+        ("params[0]", lambda: ops.sgd_update([p.half()], [g], None, lr=0.1)),
+        ("grads", lambda: ops.sgd_update([p], [g, g], None, lr=0.1)),
+        ("grads[0]", lambda: ops.sgd_update([p], [torch.ones(4, **f32)], None, lr=0.1)),
+        ("momentum_bufs", lambda: ops.sgd_update([p], [g], None, lr=0.1, momentum=0.9)),
+        ("lr", lambda: ops.sgd_update([p], [g], None, lr="0.1")),
+    ]
+
+
+def test_bad_arguments_name_the_argument(ops, device):
+    failures = []
+    for i, (name, call) in enumerate(bad_calls(ops, device)):
+        try:
+            call()
+        except (ValueError, TypeError) as e:
+            if name not in str(e):
+                failures.append(f"case {i}: error does not name {name!r}: {e}")
+        else:
+            failures.append(f"case {i}: no error (expected one naming {name!r})")
+    assert not failures, "\n".join(failures)
+
+
+# ----------------------------------------------------------------------------- configs
+
+def small_problem(op, dtype, device, rng):
+    """A call of `op` on a small random problem, and a check of its result."""
+    dt = contract.DTYPES[dtype]
+    if op == "matmul":
+        a, b = matmul_operands(rng, 70, 50, 90, dtype, device, False, True)
+        bias = randn(rng, (50,), dtype, device)
+        return lambda ops, cfg: check_matmul(ops, a, b, trans_b=True, bias=bias, activation="relu", config=cfg)
+    if op in ("relu", "relu_backward"):
+        x, y = randn(rng, (3001,), dtype, device), randn(rng, (3001,), dtype, device)
+        if op == "relu":
+            return lambda ops, cfg: assert_exact(ops.relu(x, out=poisoned((3001,), dt, device), config=cfg),
+                                                 exact.relu(x))
+        return lambda ops, cfg: assert_exact(ops.relu_backward(x, y, out=poisoned((3001,), dt, device), config=cfg),
+                                             exact.relu_backward(x, y))
+    if op == "bias_add":
+        x, b = randn(rng, (37, 300), dtype, device), randn(rng, (300,), dtype, device)
+        return lambda ops, cfg: assert_exact(
+            ops.bias_add(x, b, activation="relu", out=poisoned((37, 300), dt, device), config=cfg),
+            exact.bias_add(x, b, activation="relu"))
+    if op == "bias_grad":
+        g = randn(rng, (3000, 70), dtype, device)
+        return lambda ops, cfg: assert_rel(ops.bias_grad(g, config=cfg), exact.bias_grad(g), 1e-5)
+    if op == "softmax_cross_entropy":
+        z = randn(rng, (6, 1500), dtype, device, scale=3.0)
+        labels = torch.randint(0, 1500, (6,), generator=rng).to(device)
+        return lambda ops, cfg: check_softmax_ce(ops, z, labels, config=cfg)
+
+    def run_sgd(ops, cfg):
+        p = randn(rng, (3001,), "fp32", device)
+        g = randn(rng, (3001,), dtype, device)
+        buf = randn(rng, (3001,), "fp32", device)
+        ref_p, ref_b = exact.sgd_update([p], [g], [buf], lr=0.1, momentum=0.9, weight_decay=0.01)
+        ops.sgd_update([p], [g], [buf], lr=0.1, momentum=0.9, weight_decay=0.01, config=cfg)
+        assert_rel(p, ref_p[0], 1e-6, "param")
+        assert_rel(buf, ref_b[0], 1e-6, "buf")
+    return run_sgd
+
+
+def fits_here(sp, cfg, elt, device):
+    if device != "cuda":
+        return True
+    props = torch.cuda.get_device_properties(0)
+    limit = getattr(props, "shared_memory_per_block_optin", 48 * 1024)
+    return sp.cost(cfg, elt, props.major * 10 + props.minor)["smem_bytes"] <= limit
+
+
+def local_arch(device):
+    if device != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", contract.OPS)
+def test_sampled_configs(ops, device, rng, op, dtype):
+    """The default and a deterministic sample of other configs compute the same op."""
+    sp = ops.space(op, dtype)
+    elt = contract.DTYPES[dtype].itemsize
+    arch = local_arch(device)
+    configs = [c for c in sp.configs(elt, arch) if fits_here(sp, c, elt, device)]
+    assert configs, "no config of the space fits this device"
+    sample = random.Random(f"{op}/{dtype}").sample(configs, min(3, len(configs)))
+    check = small_problem(op, dtype, device, rng)
+    check(ops, None)
+    for cfg in sample:
+        check(ops, cfg)
+
+
+@pytest.mark.parametrize("op", contract.OPS)
+def test_config_errors(ops, device, rng, op):
+    """A config outside the space is refused before launch, naming `config`."""
+    sp = ops.space(op, "fp32")
+    assert sp.violated(dict(sp.default), 4, local_arch(device)) is None, "the default breaks its own space"
+    name = next(iter(sp.params))
+    bad = [
+        {"NOT_A_TUNABLE": 1},
+        {name: max(sp.params[name]) + 1},
+        {name: float(sp.default[name])},
+        {name: True},
+        [(name, sp.default[name])],
+    ]
+    names = list(sp.params)
+    for values in itertools.product(*(sp.params[n] for n in names)):  # one that breaks a restriction
+        cfg = dict(zip(names, values))
+        if (sp.violated(cfg, 4, local_arch(device)) or "").startswith("restriction"):
+            bad.append(cfg)
+            break
+    call = small_problem(op, "fp32", device, rng)
+    for cfg in bad:
+        with pytest.raises((ValueError, TypeError), match="config"):
+            call(ops, cfg)
+
+
+def test_space_shape(ops):
+    """Every op has a space per dtype whose default is valid and whose size stays tunable."""
+    for op in contract.OPS:
+        for dtype in DTYPES:
+            sp = ops.space(op, dtype)
+            assert isinstance(sp, contract.Space)
+            configs = list(sp.configs(contract.DTYPES[dtype].itemsize, 90))
+            assert sp.default in configs, f"{op}/{dtype}: default {sp.default} fails its own restrictions"
+            assert 1 <= len(configs) <= 1000, f"{op}/{dtype}: {len(configs)} configs"
+    with pytest.raises(ValueError, match="op"):
+        ops.space("conv2d", "fp32")
+    with pytest.raises(ValueError, match="dtype"):
+        ops.space("relu", "fp64")
