@@ -24,7 +24,8 @@ whole training step can be captured in a CUDA graph):
         fp32/fp16/bf16 inputs of one dtype, c in that dtype, bias [N] in that
         dtype; accumulate="fp16" (fp16 inputs only) accumulates in fp16.
     relu(x, *, out=None, config=None) -> y                  NaN stays NaN
-    relu_backward(grad, y, *, out=None, config=None) -> dx  grad where y > 0, else 0
+    relu_backward(grad, y, *, out=None, config=None) -> dx  0 where y <= 0, else grad
+        (torch's threshold_backward: a NaN y passes grad on)
     bias_add(x, bias, *, activation=None, out=None, config=None) -> y
         y = act(x + bias[None, :]) for x [M, N]
     bias_grad(grad, *, out=None, config=None) -> db         column sums [N], float32

@@ -54,8 +54,8 @@ relu_kernel(const typename Elt<DT>::T* x, typename Elt<DT>::T* y, i64 n) {
     if (t < n) y[t] = E::store(relu_f(E::load(x[t])));
 }
 
-// dx = grad where y > 0 else 0, as the contract says: a NaN y gives 0 (torch's
-// threshold_backward would pass grad there); a NaN grad passes where y > 0.
+// dx = 0 where y <= 0, else grad: torch's threshold_backward, so a NaN y (from
+// relu(NaN)) passes grad on, and a NaN grad passes where y > 0.
 template <int DT, int VEC, int ITEMS, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 relu_backward_kernel(const typename Elt<DT>::T* grad, const typename Elt<DT>::T* y,
@@ -79,12 +79,12 @@ relu_backward_kernel(const typename Elt<DT>::T* grad, const typename Elt<DT>::T*
         if (v < nvec) {
             P out;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) out.v[j] = E::load(yy[i].v[j]) > 0.f ? g[i].v[j] : zero;
+            for (int j = 0; j < VEC; ++j) out.v[j] = E::load(yy[i].v[j]) <= 0.f ? zero : g[i].v[j];
             reinterpret_cast<P*>(dx)[v] = out;
         }
     }
     i64 t = tail_index<VEC>(n);
-    if (t < n) dx[t] = E::load(y[t]) > 0.f ? grad[t] : zero;
+    if (t < n) dx[t] = E::load(y[t]) <= 0.f ? zero : grad[t];
 }
 
 // y[m, c] = act(x[m, c] + bias[c]) over a contiguous [M, ncols] x, n = M * ncols.

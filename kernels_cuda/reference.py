@@ -36,7 +36,7 @@ class exact:
 
     @staticmethod
     def relu_backward(grad, y):
-        return torch.where(y.double() > 0, grad.double(), torch.zeros((), dtype=torch.float64, device=grad.device))
+        return torch.where(y.double() <= 0, torch.zeros((), dtype=torch.float64, device=grad.device), grad.double())
 
     @staticmethod
     def bias_add(x, bias, *, activation=None):

@@ -19,7 +19,8 @@ same for every thread, so the compiler hoists its reciprocal and the modulo
 costs a multiply-high per element.
 
 NaN semantics follow torch: ReLU keeps NaN (`x < 0` is false for NaN),
-relu_backward zeroes the gradient wherever `y > 0` does not hold.
+relu_backward zeroes the gradient wherever `y <= 0` (torch's threshold_backward: a
+NaN y, from relu(NaN), passes the gradient on).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _elementwise_kernel(
         y = tl.load(other_ptr + offs, mask=mask)
         # Compared in fp32: Triton's interpreter (3.9) mis-compares bf16 tensors;
         # on a GPU the widening is a free shift next to the memory traffic.
-        out = tl.where(y.to(tl.float32) > 0, x, 0.0)
+        out = tl.where(y.to(tl.float32) <= 0, 0.0, x)
     else:
         if OP == "bias_add":
             col = offs % ncols

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels_cuda import contract
-from kernels_cuda.reference import exact
+from kernels_cuda.reference import exact, native
 
 DTYPES = list(contract.DTYPES)
 TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
@@ -283,6 +283,7 @@ def test_elementwise_nan_inf(ops, device, dtype):
     y = torch.tensor([1.0, 1.0, 1.0, 0.0, float("nan"), -1.0, float("inf")],
                      dtype=contract.DTYPES[dtype], device=device)
     assert_exact(ops.relu_backward(special, y), exact.relu_backward(special, y), "relu_backward")
+    assert_exact(ops.relu_backward(special, y), native.relu_backward(special, y), "relu_backward vs torch")
     x = special.view(1, -1).repeat(3, 1)
     bias = torch.tensor([1.0, -float("inf"), 1.0, 0.0, float("nan"), 1.0, -2.0],
                         dtype=contract.DTYPES[dtype], device=device)
