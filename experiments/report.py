@@ -1,0 +1,133 @@
+"""Regenerate the README's results section from the committed CSVs (no hand-typed numbers).
+
+    python -m experiments.report [--gpu h200] [--check]
+
+Rewrites what lies between the markers `<!-- results:begin -->` and
+`<!-- results:end -->` in README.md. `--check` exits 1 if the README is stale.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+EXPERIMENTS = Path(__file__).resolve().parent
+RESULTS = EXPERIMENTS / "results"
+README = EXPERIMENTS.parent / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _provenance(df: pd.DataFrame) -> str:
+    r = df.iloc[0]
+    return (f"{r['device']}, {str(r['utc'])[:10]}, torch {r['torch']}, triton {r['triton']}, "
+            f"cupy {r['cupy']}, CUDA {r['cuda']}, commit {r['commit']}")
+
+
+def _table(df: pd.DataFrame) -> str:
+    head = "| " + " | ".join(df.columns) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])
+
+
+def kernels_section(gpu: str) -> list[str]:
+    path = RESULTS / f"kernels_{gpu}.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    ok = df[df.status == "ok"]
+    ew = ok[ok.group.isin(["elementwise", "ceiling"])]
+    ew_t = pd.DataFrame({
+        "op": ew.op, "backend": ew.backend, "config": ew.config_label.fillna(""),
+        "ms": ew.time_ms.map(lambda v: f"{v:.3f}" if pd.notna(v) else ""),
+        "GB/s": ew.gbps.map("{:.0f}".format), "% of copy": ew.pct_of_copy.map("{:.1f}".format)})
+    gemm = ok[ok.group == "gemm"]
+    gemm_t = pd.DataFrame({
+        "dtype": gemm.dtype, "backend": gemm.backend, "ms": gemm.time_ms.map("{:.3f}".format),
+        "TFLOP/s": gemm.tflops.map("{:.1f}".format), "vs cuBLAS": gemm.vs_torch.map("{:.2f}".format)})
+    failed = df[(df.status != "ok") & df.status.notna()]
+    lines = [f"### Kernels at their default configs ({_provenance(df)})", "",
+             "`python -m experiments.bench_kernels` — 256M fp32 elements; L2 flushed between repetitions.", "",
+             _table(ew_t), "", "Matmul 4096³ (cuBLAS through torch in the same run; fp32 with TF32 off):", "",
+             _table(gemm_t), ""]
+    mlp = ok[ok.group == "mlp"]
+    if len(mlp):
+        piv = mlp.pivot_table(index=["dtype", "backend"], values="vs_torch", aggfunc="median").reset_index()
+        piv["vs_torch"] = piv.vs_torch.map("{:.2f}".format)
+        lines += [f"MLP-shaped GEMMs ({mlp['shape'].nunique()} shapes: batch 32/128/1024 × 784/1024/4096 → "
+                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS.", "",
+                  _table(piv.rename(columns={"vs_torch": "median vs cuBLAS"})), ""]
+    if len(failed):
+        lines += [f"{len(failed)} case(s) failed their correctness check and were not timed; see the CSV.", ""]
+    return lines
+
+
+def compare_section(gpu: str) -> list[str]:
+    lines = []
+    for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")) + sorted(RESULTS.glob(f"trainer_{gpu}_*.csv")):
+        df = pd.read_csv(path)
+        piv = df.pivot_table(index="variant", columns="hidden", values="median_step_us")
+        piv = piv.map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
+        piv.columns = [f"H={c} µs" for c in piv.columns]
+        acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
+        piv["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
+        proto = df.protocol.iloc[0]
+        what = ("seed protocol: 784-H-H-H-10, batch 32, SGD lr 0.003, 5000 steps" if proto == "seed"
+                else "trainer defaults: 784-H-H-10, batch 128, SGD momentum 0.9, 10 epochs")
+        lines += [f"### Training step time, {what}, {df.dtype.iloc[0]} ({_provenance(df)})", "",
+                  f"`python -m experiments.compare --protocol {proto} --dtype {df.dtype.iloc[0]}` — median step "
+                  "time (data gather included), compilation excluded.", "",
+                  _table(piv.reset_index()), ""]
+        plot = RESULTS / f"step_time_{gpu}_{df.dtype.iloc[0]}.png"
+        if proto == "seed" and plot.exists():
+            lines += [f"![step time vs H]({plot.relative_to(README.parent)})", ""]
+    return lines
+
+
+def tuning_section(target: str) -> list[str]:
+    path = EXPERIMENTS / target / "trials.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    counts = df.status.value_counts().to_dict()
+    lines = [f"### Tuning ({target}, {_provenance(df)})", "",
+             f"`python -m autotune.search --workload mnist-mlp` — {len(df)} trials in "
+             f"{df.study.nunique()} studies; outcomes: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".", ""]
+    plot = RESULTS / "tuned_vs_default_h200.png"
+    if plot.exists():
+        lines += [f"![tuned vs default]({plot.relative_to(README.parent)})", ""]
+    return lines
+
+
+def render(gpu: str, target: str) -> str:
+    lines = kernels_section(gpu) + tuning_section(target) + compare_section(gpu)
+    if not lines:
+        lines = ["No results yet: run the experiments on a GPU (see above)."]
+    return "\n".join([BEGIN, "", *lines, END])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", default="h200")
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the README section is stale")
+    args = ap.parse_args(argv)
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"README.md lacks the markers {BEGIN} ... {END}", file=sys.stderr)
+        return 2
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = head + render(args.gpu, args.target) + tail
+    if args.check:
+        return 0 if new == text else 1
+    README.write_text(new)
+    print("README results section regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
