@@ -1,0 +1,84 @@
+"""What a search command asks for, resolved and checked before any work starts."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from autotune import backends
+from autotune.targets import Target, resolve_target
+from autotune.workload import Call, calls_for_shapes, mnist_mlp_calls, parse_shapes
+from kernels_cuda.contract import DTYPES, OPS, Space
+
+
+@dataclass
+class Job:
+    backend: str
+    call: Call
+    space: Space
+
+
+@dataclass
+class Plan:
+    target: Target
+    modules: dict[str, ModuleType]
+    ops: list[str]
+    dtypes: list[str]
+    jobs: list[Job] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "what: why", for the summary
+
+    def tunables(self) -> list[str]:
+        """Every tunable name of the chosen backends (all ops), for stable CSV columns."""
+        names: list[str] = []
+        for module in self.modules.values():
+            for op in OPS:
+                for dtype in DTYPES:
+                    try:
+                        space = module.space(op, dtype)
+                    except Exception:  # an op a backend lacks has no columns to add
+                        continue
+                    names += [n for n in space.params if n not in names]
+        return names
+
+
+def split_list(text: str, allowed, what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if items == ["all"]:
+        return list(allowed)
+    unknown = [i for i in items if i not in allowed]
+    if unknown or not items:
+        raise ValueError(f"--{what}: unknown {unknown or 'empty list'}; choose from {', '.join(allowed)} or all")
+    return list(dict.fromkeys(items))
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    target = resolve_target(args.target, compile_only=args.compile_only)
+    ops = split_list(args.ops, OPS, "ops")
+    dtypes = split_list(args.dtypes, tuple(DTYPES), "dtypes")
+    names = split_list(args.backends, tuple(backends.registry()), "backends")
+    plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes)
+    shapes = parse_shapes(args.shapes) if args.shapes else None
+    ops_with_calls: set[str] = set()
+    for dtype in dtypes:
+        if shapes is not None:
+            calls = calls_for_shapes(ops, dtype, shapes)
+        else:
+            calls = [c for c in mnist_mlp_calls(args.hidden, args.layers, args.batch_size, dtype) if c.op in ops]
+        ops_with_calls |= {c.op for c in calls}
+        for call in calls:
+            for name, module in plan.modules.items():
+                what = f"{call.op}:{name}:{dtype}:{call.key}"
+                problem = target.dtype_problem(call.op, dtype)
+                if problem:
+                    plan.skipped.append(f"{what}: {problem}")
+                    continue
+                try:
+                    space = module.space(call.op, dtype)
+                except Exception as exc:  # the backend does not offer this op/dtype
+                    plan.skipped.append(f"{what}: {name}.space failed: {type(exc).__name__}: {exc}")
+                    continue
+                plan.jobs.append(Job(name, call, space))
+    for op in ops:
+        if op not in ops_with_calls:
+            plan.skipped.append(f"{op}: no call in the workload / no shape of its rank in --shapes")
+    return plan

@@ -1,0 +1,322 @@
+"""Tune the kernel twins' configs with Optuna: `python -m autotune.search --help`.
+
+Every trial runs in a worker subprocess (autotune.worker): compile, check
+against the float64 reference on fresh random inputs, time with
+autotune.timing.bench. Results go to <out>/<target>/trials.csv (a row per
+trial, flushed as it ends), the Optuna storage (committed per trial), and
+<out>/<target>/best.json (the winners, rewritten atomically after each study).
+Re-running a command resumes it; a SIGKILL loses at most the trials in flight.
+
+Several machines can share studies through one RDB URL (e.g.
+--storage postgresql://user:pass@host/db): each counts the trials of all of
+them against --trials, and reuses configs any of them measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import fcntl
+import sys
+import threading
+from pathlib import Path
+
+import optuna
+from tqdm import tqdm
+
+from autotune import compile_sweep, studies
+from autotune.backends import BackendError
+from autotune.plan import Job, Plan, build_plan
+from autotune.provenance import COLUMNS as PROVENANCE, provenance
+from autotune.store import ConfigStore, StoreError, load_store, save_store
+from autotune.studies import SAMPLERS, SearchError, StudyRunner
+from autotune.targets import TARGETS, TargetError
+from autotune.trials_csv import TrialsCsv, columns
+from autotune.evaluate import Evaluator
+from autotune.worker_pool import REPO, WorkerStartError
+from autotune.workload import metric, throughput
+from kernels_cuda.contract import DTYPES
+
+DEFAULT_TRIALS = 50
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m autotune.search", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="auto", choices=["auto", *TARGETS],
+                   help="GPU to tune for; auto = the local GPU; cpu = Triton interpreter (pipeline tests)")
+    p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
+    p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
+                   "more via AUTOTUNE_BACKENDS=name=module)")
+    p.add_argument("--dtypes", default="fp16", help="comma-separated of fp32,fp16,bf16 (default fp16)")
+    p.add_argument("--workload", default="mnist-mlp", choices=["mnist-mlp"],
+                   help="shapes of the trainer's calls (ignored with --shapes)")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
+                   "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
+    p.add_argument("--trials", type=int, help=f"measured trials per study (default {DEFAULT_TRIALS}); "
+                   "with --compile-only, the most configs compiled per op (default 256)")
+    p.add_argument("--timeout", type=float, default=180.0,
+                   help="seconds one trial step (compile, or check + timing) may take before its worker is "
+                   "killed and the trial recorded as timeout (default 180)")
+    p.add_argument("--sampler", default="tpe", choices=SAMPLERS)
+    p.add_argument("--storage", default=f"sqlite:///{REPO / 'experiments' / 'tuning.db'}",
+                   help="Optuna RDB URL (default: experiments/tuning.db)")
+    p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
+                   "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every (sampled) config for --target and record registers, smem, spills; no GPU")
+    p.add_argument("--out", type=Path, default=REPO / "experiments", help="results go to OUT/<target>/")
+    args = p.parse_args(argv)
+    if args.trials is not None and args.trials < 1:
+        p.error("--trials must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        p.error("--workers must be >= 1")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    return args
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _fmt_config(config: dict | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items()) if config else "-"
+
+
+class Search:
+    def __init__(self, plan: Plan, args: argparse.Namespace):
+        self.plan, self.args, self.target = plan, args, plan.target
+        self.budget = args.trials or DEFAULT_TRIALS
+        self.out_dir = args.out / self.target.name
+        self.csv = TrialsCsv(self.out_dir / "trials.csv", columns(plan.tunables()))
+        self.csv_keys = self.csv.keys()
+        self.best_path = self.out_dir / "best.json"
+        if self.best_path.exists():
+            load_store(self.best_path, self.target)  # refuse to build on a broken file
+        self.storage = studies.open_storage(args.storage)
+        self.lock = threading.Lock()
+        self.heartbeat = studies.Heartbeat(self.storage, self.lock)
+        self.pool = Evaluator(self.target.name, args.workers, args.timeout, args.out / "logs" / self.target.name)
+        self.prov = provenance()
+        self.stop = threading.Event()
+        self.summary: list[dict] = []
+        self.bar: tqdm | None = None
+
+    def make_row(self, job: Job, name: str, baselines: dict, config: dict, result: dict, number: int) -> dict:
+        call, t = job.call, result.get("time_ms")
+        kind = metric(call.op)
+        value = throughput(call.op, call.shape, call.dtype, t) if t else None
+        peak = self.target.peak(kind, call.dtype)
+        default_ms, torch_ms = baselines.get("default_ms"), baselines.get("torch_ms")
+        row = {
+            **{k: self.prov.get(k) for k in PROVENANCE}, "utc": _now(), "target": self.target.name,
+            "op": call.op, "backend": job.backend, "dtype": call.dtype, "shape": call.key, **config,
+            "status": result["status"], "error": result.get("error"),
+            "time_ms": t, "time_p20_ms": result.get("time_p20_ms"), "time_p80_ms": result.get("time_p80_ms"),
+            "metric": kind, kind: value, "pct_of_peak": 100.0 * value / peak if value and peak else None,
+            "speedup_vs_default": default_ms / t if t and default_ms else None,
+            "speedup_vs_torch": torch_ms / t if t and torch_ms else None,
+            "default_ms": default_ms, "torch_ms": torch_ms,
+            **{k: result.get(k) for k in ("compile_s", "registers", "smem_bytes", "spill_bytes", "rel_err")},
+            "trial": number, "study": name, "sampler": self.args.sampler, "gpu": result.get("gpu"),
+        }
+        return row
+
+    def record(self, row: dict) -> None:
+        self.csv.append(row)
+        if self.bar is not None and row["status"] != "invalid":
+            self.bar.update(1)
+
+    # -- one study -------------------------------------------------------------------
+    def open(self, job: Job):
+        call, elt = job.call, DTYPES[job.call.dtype].itemsize
+        name = studies.study_name(self.args.study_prefix, self.target.name, call.op, job.backend, call.dtype, call.key)
+        view = studies.view_space(job.space, self.target, elt, call.op, call.dtype)
+        sampler = studies.make_sampler(self.args.sampler, self.args.seed, view.values,
+                                       parallel=len(self.pool) > 1)
+        with self.lock:
+            study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
+                                        direction="minimize", load_if_exists=True)
+            studies.reap_stale(study)
+            self._copy_missing_rows(study, name)
+        baselines: dict = {}
+        check = lambda config: self.target.target_violation(job.space, config, elt, op=call.op, dtype=call.dtype)
+        runner = StudyRunner(study, view, self.budget, check,
+                             make_row=lambda config, result, number: self.make_row(
+                                 job, name, baselines, config, result, number),
+                             record=self.record, ordinal=self.args.sampler == "cmaes",
+                             lock=self.lock, heartbeat=self.heartbeat)
+        return name, view, study, runner, baselines
+
+    def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
+        """Rows the study has but the CSV lacks (killed between the two writes)."""
+        have = self.csv_keys
+        for t in study.get_trials(deepcopy=False):
+            row = t.user_attrs.get("row")
+            if row is not None and (name, str(t.number)) not in have:
+                self.csv.append(row)
+
+    def baselines(self, job: Job) -> dict:
+        call, elt = job.call, DTYPES[job.call.dtype].itemsize
+        out = {}
+        problem = self.target.target_violation(job.space, dict(job.space.default), elt, op=call.op, dtype=call.dtype)
+        default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
+            0, call, job.backend, dict(job.space.default), self.args.seed)
+        torch_ = self.pool.evaluate(0, call, "torch", None, self.args.seed)
+        for label, result in (("default", default), ("torch", torch_)):
+            if result.get("status") == "ok":
+                out[f"{label}_ms"] = result["time_ms"]
+            else:
+                out[f"{label}_problem"] = f"{result.get('status')}: {result.get('error')}"
+        return out
+
+    def run_study(self, job: Job, opened) -> None:
+        name, view, study, runner, baselines = opened
+        start_measured = runner.measured()
+        left = max(0, self.budget - start_measured)
+        if view.valid is not None:
+            left = min(left, max(0, len(view.valid) - start_measured))
+        if left:
+            self.bar.set_description(f"{job.call.op}:{job.backend}:{job.call.dtype}:{job.call.key}")
+            baselines.update(self.baselines(job))
+            with self.lock:
+                study.set_user_attr("baselines", baselines)
+            threads = [threading.Thread(target=self._work, args=(runner, job, i), daemon=True)
+                       for i in range(len(self.pool))]
+            for t in threads:
+                t.start()
+            try:
+                for t in threads:
+                    while t.is_alive():
+                        t.join(0.5)
+            except KeyboardInterrupt:
+                self.stop.set()
+                self.pool.interrupt()  # unblocks the threads, which drop their trials
+                for t in threads:
+                    t.join(30)
+                raise
+        else:
+            baselines.update(study.user_attrs.get("baselines", {}))
+        done_now = runner.measured() - start_measured
+        self.bar.total -= max(0, left - done_now)
+        self.bar.refresh()
+        self._write_best(job, name, study, runner)
+
+    def _work(self, runner: StudyRunner, job: Job, index: int) -> None:
+        while not self.stop.is_set():
+            candidate = runner.next_candidate()
+            if candidate is None:
+                return
+            if candidate.twin is not None and runner.reuse_twin(candidate, self.stop):
+                continue
+            if self.stop.is_set():
+                runner.abandon(candidate)
+                return
+            result = self.pool.evaluate(index, job.call, job.backend, candidate.config,
+                                        self.args.seed * 1_000_003 + candidate.trial.number)
+            if self.stop.is_set():
+                runner.abandon(candidate)
+                return
+            runner.complete(candidate, result)
+
+    def _write_best(self, job: Job, name: str, study: optuna.Study, runner: StudyRunner) -> None:
+        with self.lock:
+            best = studies.best_trial(study)
+            counts = studies.outcome_counts(study)
+            measured = sum(v for k, v in counts.items() if k != "invalid")
+        failures = {k: v for k, v in counts.items() if v and k not in ("ok", "invalid")}
+        baselines = study.user_attrs.get("baselines", {})
+        summary = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
+                   "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
+                   "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
+                   "invalid": counts["invalid"], "note": (runner.gave_up or baselines.get("default_problem", ""))[:80]}
+        if best is not None:
+            row = best.user_attrs["row"]
+            entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
+                     "config": best.user_attrs["config"], "trials": measured, "failures": failures,
+                     "study": name, "trial": best.number,
+                     "provenance": {k: row.get(k) for k in PROVENANCE}}
+            for key in ("time_ms", "time_p20_ms", "time_p80_ms", "default_ms", "torch_ms",
+                        "speedup_vs_default", "speedup_vs_torch"):
+                entry[key] = row.get(key)
+            self._save_entry(entry)
+            summary.update({"best config": _fmt_config(entry["config"]), "time_ms": row["time_ms"],
+                            "vs default": row.get("speedup_vs_default"), "vs torch": row.get("speedup_vs_torch")})
+        self.summary.append(summary)
+
+    def _save_entry(self, entry: dict) -> None:
+        self.best_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.args.out / "logs" / self.target.name / "best.json.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another search on this machine may write it too
+            store = load_store(self.best_path, self.target) if self.best_path.exists() else ConfigStore(self.target.name)
+            store.put(entry)
+            save_store(self.best_path, store)
+
+    # -- the whole run ---------------------------------------------------------------
+    def run(self) -> int:
+        opened = [(job, self.open(job)) for job in self.plan.jobs]
+        total = 0
+        for job, (_, view, _, runner, _) in opened:
+            left = max(0, self.budget - runner.measured())
+            total += min(left, len(view.valid)) if view.valid is not None else left
+        interrupted = False
+        self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
+        try:
+            for job, o in opened:
+                self.run_study(job, o)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            self.bar.close()
+            self.pool.close()
+            self.heartbeat.stop()
+            self.csv.close()
+        self.print_summary(opened, interrupted)
+        return 130 if interrupted else 0
+
+    def print_summary(self, opened, interrupted: bool) -> None:
+        import pandas as pd
+
+        print()
+        if self.summary:
+            table = pd.DataFrame(self.summary)
+            for col in ("vs default", "vs torch"):
+                table[col] = table[col].map(lambda v: f"{v:.3g}x" if v == v and v is not None else "-")
+            table["time_ms"] = table["time_ms"].map(lambda v: f"{v:.4g}" if v == v and v is not None else "-")
+            print(table.to_string(index=False))
+        invalid_now = sum(o[3].invalid for _, o in opened)
+        reused_now = sum(o[3].reused for _, o in opened)
+        print(f"\n{len(self.summary)} studies on {self.target.name} ({self.args.sampler}, budget {self.budget} "
+              f"measured trials each). This run: {self.bar.n - reused_now} trials measured, {reused_now} reused "
+              f"from earlier trials of the same config, {invalid_now} suggestions pruned as invalid before "
+              f"compiling ({sum(s['invalid'] for s in self.summary)} in the studies).")
+        for line in self.plan.skipped:
+            print(f"skipped {line}")
+        if interrupted:
+            print("interrupted: trials in flight were dropped; re-run the same command to resume.")
+        print(f"trials: {self.csv.path}\nbest:   {self.best_path}\nstudies: {self.args.storage}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = build_plan(args)
+        if args.compile_only:
+            return compile_sweep.run(plan, args)
+        if not plan.jobs:
+            raise SearchError("nothing to tune: " + ("; ".join(plan.skipped) or "no jobs"))
+        return Search(plan, args).run()
+    except (TargetError, BackendError, StoreError, SearchError, WorkerStartError, ValueError) as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Tuned configs as data: best.json, read strictly and looked up by shape.
+
+A store file holds the winners of one target:
+
+    {"target": "sm_90", "format": 1, "entries": [
+        {"op": "matmul", "backend": "triton", "dtype": "fp16", "shape": "128x1024x784:nn",
+         "config": {"BLOCK_M": 64, ...}, "time_ms": 0.012, ...}, ...]}
+
+Everything is validated on load, before a config can reach a compiler: a bad
+file raises StoreError naming the file, the entry and the problem.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+from autotune import backends
+from autotune.targets import TARGETS, Target
+from autotune.workload import LAYOUTS, OP_RANK, shape_key
+from kernels_cuda.contract import DTYPES, OPS, Space
+
+FORMAT = 1
+TOP_KEYS = {"target", "format", "entries"}
+REQUIRED = ("op", "backend", "dtype", "shape", "config")
+OPTIONAL = {
+    "time_ms": float, "time_p20_ms": float, "time_p80_ms": float, "default_ms": float, "torch_ms": float,
+    "speedup_vs_default": float, "speedup_vs_torch": float, "trials": int, "failures": dict,
+    "study": str, "trial": int, "provenance": dict,
+}
+
+Key = tuple[str, str, str, str]  # op, backend, dtype, shape key
+
+
+class StoreError(ValueError):
+    pass
+
+
+def parse_shape_key(key: str) -> tuple[tuple[int, ...], str]:
+    dims, _, layout = key.partition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split("x"))
+    except ValueError:
+        raise ValueError(f"shape {key!r} is not like 128x1024x784:nn or 128x1024") from None
+    if min(shape) < 1 or shape_key("", shape, layout) != key:
+        raise ValueError(f"shape {key!r} is not in canonical form (positive integers joined by 'x')")
+    return shape, layout
+
+
+class ConfigStore:
+    def __init__(self, target: str, entries: Mapping[Key, dict] | None = None):
+        self.target = target
+        self.entries: dict[Key, dict] = dict(entries or {})
+
+    def lookup(self, op: str, backend: str, dtype: str, shape: str) -> tuple[dict | None, str]:
+        """(config, source): source is "tuned", "nearest:<shape>" or "default" (config None)."""
+        entry = self.entries.get((op, backend, dtype, shape))
+        if entry is not None:
+            return dict(entry["config"]), "tuned"
+        dims, layout = parse_shape_key(shape)
+        best = None
+        for (o, b, d, s), candidate in sorted(self.entries.items()):
+            if (o, b, d) != (op, backend, dtype):
+                continue
+            other, other_layout = parse_shape_key(s)
+            if other_layout != layout or len(other) != len(dims):
+                continue
+            distance = sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(dims, other))
+            if best is None or distance < best[0]:
+                best = (distance, s, candidate)
+        if best is None:
+            return None, "default"
+        return dict(best[2]["config"]), f"nearest:{best[1]}"
+
+    def put(self, entry: dict) -> None:
+        self.entries[(entry["op"], entry["backend"], entry["dtype"], entry["shape"])] = dict(entry)
+
+    def merge(self, other: "ConfigStore") -> "ConfigStore":
+        """A new store: this one's entries, replaced by `other`'s where both have one."""
+        if other.target != self.target:
+            raise StoreError(f"cannot merge a {other.target} store into a {self.target} store")
+        return ConfigStore(self.target, {**self.entries, **other.entries})
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "format": FORMAT,
+                "entries": [self.entries[k] for k in sorted(self.entries)]}
+
+
+def _target_name(target: str | Target) -> str:
+    return target.name if isinstance(target, Target) else target
+
+
+def load_store(path, target: str | Target, *,
+               space_of: Callable[[str, str, str], Space] = backends.space) -> ConfigStore:
+    """Read and validate `path`; raises StoreError on any problem."""
+    path = Path(path)
+    target = _target_name(target)
+    if target not in TARGETS:
+        raise StoreError(f"{path}: target {target!r} is unknown; known: {', '.join(TARGETS)}")
+    try:
+        data = json.loads(path.read_text(), parse_constant=_reject_constant)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise StoreError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: expected a JSON object with keys {sorted(TOP_KEYS)}")
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise StoreError(f"{path}: unknown top-level key(s) {sorted(unknown)}; allowed: {sorted(TOP_KEYS)}")
+    if data.get("target") != target:
+        raise StoreError(f"{path}: written for target {data.get('target')!r}, but this run targets {target!r}")
+    if data.get("format", FORMAT) != FORMAT:
+        raise StoreError(f"{path}: format {data.get('format')!r}; this tuner reads format {FORMAT}")
+    if not isinstance(data.get("entries"), list):
+        raise StoreError(f"{path}: 'entries' must be a list")
+    store = ConfigStore(target)
+    for i, entry in enumerate(data["entries"]):
+        where = f"{path}: entry {i}"
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in REQUIRED[:4]):
+            where += " (" + ":".join(entry[k] for k in REQUIRED[:4]) + ")"
+        problem = _entry_problem(entry, TARGETS[target], space_of)
+        if problem:
+            raise StoreError(f"{where}: {problem}")
+        key = tuple(entry[k] for k in REQUIRED[:4])
+        if key in store.entries:
+            raise StoreError(f"{where}: a second entry for the same op, backend, dtype and shape")
+        store.put(entry)
+    return store
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _entry_problem(entry, target: Target, space_of) -> str | None:
+    if not isinstance(entry, dict):
+        return "expected a JSON object"
+    unknown = set(entry) - set(REQUIRED) - set(OPTIONAL)
+    if unknown:
+        return f"unknown key(s) {sorted(unknown)}; allowed: {sorted(set(REQUIRED) | set(OPTIONAL))}"
+    missing = [k for k in REQUIRED if k not in entry]
+    if missing:
+        return f"missing key(s) {missing}"
+    op, backend, dtype, shape, config = (entry[k] for k in REQUIRED)
+    if op not in OPS:
+        return f"unknown op {op!r}; known: {', '.join(OPS)}"
+    if dtype not in DTYPES:
+        return f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}"
+    try:
+        known_backends = backends.registry()
+    except backends.BackendError as exc:
+        return str(exc)
+    if backend not in known_backends:
+        return f"unknown backend {backend!r}; known: {', '.join(known_backends)}"
+    try:
+        dims, layout = parse_shape_key(shape) if isinstance(shape, str) else ((), "")
+    except ValueError as exc:
+        return str(exc)
+    if len(dims) != OP_RANK[op]:
+        return f"shape {shape!r}: {op} shapes have {OP_RANK[op]} dimension(s)"
+    if (layout not in LAYOUTS) if op == "matmul" else layout:
+        return f"shape {shape!r}: layout must be one of {LAYOUTS} for matmul, absent otherwise"
+    for name, kind in OPTIONAL.items():
+        value = entry.get(name)
+        if value is None:
+            continue
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else (
+            isinstance(value, kind) and not isinstance(value, bool))
+        if not ok:
+            return f"{name}={value!r} is not a {kind.__name__}"
+    if not isinstance(config, dict):
+        return f"config must be an object of integer tunables, got {type(config).__name__}"
+    for name, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"config: {name}={value!r} is not an integer"
+    try:
+        space = space_of(backend, op, dtype)
+    except Exception as exc:  # a backend that cannot say its space cannot vouch for the config
+        return f"cannot get the {backend} space of {op} {dtype}: {type(exc).__name__}: {exc}"
+    problem = target.target_violation(space, config, DTYPES[dtype].itemsize, op=op, dtype=dtype)
+    return f"config {config}: {problem}" if problem else None
+
+
+def save_store(path, store: ConfigStore) -> None:
+    """Write atomically: readers see the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(store.to_json(), f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,322 @@
+"""Optuna plumbing shared by the search and the search-quality replay.
+
+One study per (target, op, backend, dtype, shape). Each tunable is a
+categorical over the values that appear in at least one valid config of the
+target. A suggestion that breaks a rule is told to Optuna as PRUNED at once
+(TPE ranks pruned trials below every completed one, so it learns to avoid
+such regions) and costs no budget; so does every failed trial, with its real
+outcome kept in the trial's user attributes. A config already measured in the
+study is not measured again: its result is copied into the new trial.
+
+The budget counts trials that reached (or are reaching) a device, across every
+process sharing the storage, so re-running a command resumes where it stopped
+and several machines can share one study through an RDB URL.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import itertools
+import os
+import socket
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.targets import Target
+from kernels_cuda.contract import Space
+
+OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
+ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
+HEARTBEAT_S, GRACE_S = 30, 120
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class SearchError(RuntimeError):
+    pass
+
+
+def study_name(prefix: str, target: str, op: str, backend: str, dtype: str, shape: str) -> str:
+    return f"{prefix}{target}:{op}:{backend}:{dtype}:{shape}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    kwargs = {}
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs = {"connect_args": {"timeout": 120}}  # writers from other processes wait, not fail
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                      grace_period=GRACE_S)
+
+
+def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
+                 parallel: bool = False) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # multivariate: tile sizes interact (restrictions, occupancy); constant liar
+        # keeps parallel workers from all proposing the same config.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=parallel)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return _Grid(values, seed=seed)
+    if name == "cmaes":
+        if importlib.util.find_spec("cmaes") is None:
+            raise SearchError("--sampler cmaes needs the cmaes package: pip install cmaes")
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    if name == "gp":
+        if importlib.util.find_spec("scipy") is None:
+            raise SearchError("--sampler gp needs scipy: pip install scipy")
+        return optuna.samplers.GPSampler(seed=seed)
+    raise SearchError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+
+
+class _Grid(optuna.samplers.GridSampler):
+    # GridSampler stops the study when the grid is done, which only works inside
+    # study.optimize; the runner stops by itself once every valid config is tried.
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+@dataclass
+class SpaceView:
+    """A space as one target sees it: values worth suggesting and the valid configs."""
+
+    space: Space
+    values: dict[str, list[int]]
+    valid: list[dict[str, int]] | None  # None when the space is too large to enumerate
+    total: int
+
+
+def view_space(space: Space, target: Target, elt: int, op: str, dtype: str) -> SpaceView:
+    if space.size() > ENUMERATE_LIMIT:
+        return SpaceView(space, {k: list(v) for k, v in space.params.items()}, None, space.size())
+    names = list(space.params)
+    valid = []
+    for combo in itertools.product(*(space.params[n] for n in names)):
+        config = dict(zip(names, combo))
+        if target.target_violation(space, config, elt, op=op, dtype=dtype) is None:
+            valid.append(config)
+    values = {n: [v for v in space.params[n] if any(c[n] == v for c in valid)] for n in names}
+    return SpaceView(space, values, valid, space.size())
+
+
+def config_key(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
+
+
+def _owner_dead(owner: str | None) -> bool:
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's trial: its heartbeat decides
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def reap_stale(study: optuna.Study) -> int:
+    """Fail trials left RUNNING by a dead process (this host: by pid; others: by heartbeat)."""
+    optuna.storages.fail_stale_trials(study)
+    reaped = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _owner_dead(trial.user_attrs.get("owner")):
+            try:
+                study.tell(trial.number, state=TrialState.FAIL)
+                reaped += 1
+            except (ValueError, RuntimeError):
+                pass  # finished meanwhile by its owner after all
+    return reaped
+
+
+def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
+    if trial.state == TrialState.RUNNING:
+        return True
+    return trial.user_attrs.get("status") not in (None, "invalid")
+
+
+@dataclass
+class Candidate:
+    trial: optuna.Trial
+    config: dict[str, int]
+    twin: int | None = None  # storage id of a running trial measuring the same config
+
+
+@dataclass
+class StudyRunner:
+    """ask -> check -> (reuse | hand out) -> tell, safe for several threads."""
+
+    study: optuna.Study
+    view: SpaceView
+    budget: int
+    check: Callable[[dict], str | None]  # why a config cannot run, or None
+    make_row: Callable[[dict, dict, int], dict]  # (config, result, trial number) -> CSV row
+    record: Callable[[dict], None] = lambda row: None
+    ordinal: bool = False  # CMA-ES: suggest value indices (it has no categorical support)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    heartbeat: "Heartbeat | None" = None
+    invalid: int = 0
+    reused: int = 0
+    gave_up: str = ""
+
+    def measured(self) -> int:
+        with self.lock:
+            return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False))
+
+    def _suggest(self, trial: optuna.Trial) -> dict[str, int]:
+        try:
+            if self.ordinal:
+                return {n: v[trial.suggest_int(f"{n}#index", 0, len(v) - 1)] for n, v in self.view.values.items()}
+            return {n: trial.suggest_categorical(n, v) for n, v in self.view.values.items()}
+        except ValueError as exc:
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise SearchError(f"study {self.study.study_name}: {exc}. The backend's space changed since the "
+                              "study was created; pass --study-prefix to start new studies.") from None
+
+    def next_candidate(self) -> Candidate | None:
+        """The next config to measure, or None when the budget or the space is used up."""
+        with self.lock:
+            trials = self.study.get_trials(deepcopy=False)
+            used = sum(counts_toward_budget(t) for t in trials)
+            done = {}
+            for t in trials:
+                if t.state != TrialState.RUNNING and counts_toward_budget(t) and "row" in t.user_attrs:
+                    done.setdefault(config_key(t.user_attrs["config"]), t)
+            running = {config_key(t.user_attrs["config"]): t._trial_id for t in trials
+                       if t.state == TrialState.RUNNING and "config" in t.user_attrs}
+            tried = set(done) | set(running)
+            streak = 0
+            while used < self.budget:
+                if self.view.valid is not None and len(tried) >= len(self.view.valid):
+                    return None  # every valid config has been tried
+                trial = self.study.ask()
+                config = self._suggest(trial)
+                trial.set_user_attr("owner", OWNER)
+                trial.set_user_attr("config", config)
+                problem = self.check(config)
+                if problem:
+                    self._finish(trial, config, {"status": "invalid", "error": problem})
+                    self.invalid += 1
+                    streak += 1
+                    if streak > max(50, 2 * self.budget):
+                        self.gave_up = f"the sampler proposed {streak} invalid configs in a row"
+                        return None
+                    continue
+                previous = done.get(config_key(config))
+                if previous is not None:
+                    self._reuse(trial, previous)
+                    used += 1
+                    continue
+                if self.heartbeat:
+                    self.heartbeat.add(trial._trial_id)
+                return Candidate(trial, config, running.get(config_key(config)))
+            return None
+
+    def reuse_twin(self, candidate: Candidate, stop: threading.Event) -> bool:
+        """Wait for the twin measuring the same config and copy its result.
+
+        False when the twin ended without a result (its process died): the
+        caller then measures the config itself.
+        """
+        while not stop.wait(0.2):
+            with self.lock:
+                twin = self.study._storage.get_trial(candidate.twin)
+                if twin.state == TrialState.RUNNING:
+                    continue
+                if not (counts_toward_budget(twin) and "row" in twin.user_attrs):
+                    return False
+                if self.heartbeat:
+                    self.heartbeat.discard(candidate.trial._trial_id)
+                self._reuse(candidate.trial, twin)
+                return True
+        return False
+
+    def _reuse(self, trial: optuna.Trial, previous: optuna.trial.FrozenTrial) -> None:
+        row = dict(previous.user_attrs["row"], trial=trial.number, reused_from=previous.number,
+                   utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self.reused += 1
+        self._tell(trial, previous.user_attrs["status"], row, previous.value)
+
+    def complete(self, candidate: Candidate, result: dict) -> dict:
+        with self.lock:
+            if self.heartbeat:
+                self.heartbeat.discard(candidate.trial._trial_id)
+            return self._finish(candidate.trial, candidate.config, result)
+
+    def abandon(self, candidate: Candidate) -> None:
+        """An interrupted trial: failed without an outcome, so a later run redoes it."""
+        with self.lock:
+            if self.heartbeat:
+                self.heartbeat.discard(candidate.trial._trial_id)
+            self.study.tell(candidate.trial, state=TrialState.FAIL)
+
+    def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> dict:
+        row = self.make_row(config, result, trial.number)
+        self._tell(trial, result["status"], row, result.get("time_ms"))
+        return row
+
+    def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None) -> None:
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("row", row)
+        # Written to the study first: a kill between the two leaves a row the
+        # next run can copy into the CSV, never a CSV row the study lacks.
+        if status == "ok":
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        self.record(row)
+
+
+class Heartbeat:
+    """Keeps in-flight trials alive in the storage, so other machines can tell
+    a slow trial from a dead one."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage, lock: threading.Lock):
+        self.storage, self.lock = storage, lock
+        self.ids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def add(self, trial_id: int) -> None:
+        self.ids.add(trial_id)
+        self.storage.record_heartbeat(trial_id)
+
+    def discard(self, trial_id: int) -> None:
+        self.ids.discard(trial_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with self.lock:
+                for trial_id in list(self.ids):
+                    self.storage.record_heartbeat(trial_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+          if t.user_attrs.get("status") == "ok"]
+    return min(ok, key=lambda t: t.value) if ok else None
+
+
+def outcome_counts(study: optuna.Study) -> dict[str, int]:
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for t in study.get_trials(deepcopy=False):
+        status = t.user_attrs.get("status")
+        if status in counts:
+            counts[status] += 1
+    return counts

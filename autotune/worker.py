@@ -1,0 +1,219 @@
+"""The trial runner, alone in a subprocess so a crash, a hang or a poisoned CUDA
+context costs one trial, not the search.
+
+Protocol: one JSON object per line on stdin, one answer per line on the
+original stdout (which is moved aside: whatever the libraries print goes to
+stderr, the worker's log). The first line out is {"ready": true}.
+
+  {"cmd": "prepare", "backend", "op", "dtype", "shape", "layout", "bias",
+   "activation", "config", "seed", "device"}
+      fresh random inputs, then the first call (which compiles; the kernel
+      libraries cache binaries on disk) -> compile_s and resource figures
+  {"cmd": "measure", "reps", "max_seconds"}
+      correctness of the prepared call against the float64 reference, then
+      its time (autotune.timing; on a GPU, replays of a CUDA graph of a few
+      calls) -> time_ms, time_p20_ms, time_p80_ms, rel_err
+  {"cmd": "compile", "backend", "op", "dtype", "configs", "arch"}
+      offline compile reports (no GPU needed) -> {"reports": [...]}
+
+A failed step answers {"ok": false, "status": ..., "error": ...}; "fatal":
+true means the CUDA context is unusable and the worker exits after answering.
+Backend "torch" runs reference.native, the baseline every study reports against.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+MAX_ERROR_CHARS = 1500
+GRAPH_CALLS = 10
+
+
+def _watch_parent(parent: int) -> None:
+    # The parent may die by SIGKILL; a worker stuck in a kernel must not outlive it.
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\r", "")
+    text = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text[:MAX_ERROR_CHARS]
+
+
+def classify(exc: BaseException) -> str:
+    """Outcome of an exception raised by a backend call."""
+    if isinstance(exc, ValueError) and str(exc).startswith("config:"):
+        return "invalid"  # the backend's own launch-time check (e.g. this GPU's shared memory)
+    kind = f"{type(exc).__module__}.{type(exc).__name__}".lower()
+    if any(word in kind for word in ("compil", "outofresources", "nvrtc", "ptxas", "linker")):
+        return "compile_error"
+    return "launch_error"
+
+
+class Runner:
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.prepared = None
+
+    def _sync(self, device) -> None:
+        if device.type == "cuda":
+            self.torch.cuda.synchronize(device)
+
+    def _failure(self, exc: BaseException, device) -> dict:
+        traceback.print_exc(file=sys.stderr)
+        answer = {"ok": False, "status": classify(exc), "error": describe(exc)}
+        if answer["status"] == "launch_error" and device is not None and device.type == "cuda":
+            answer["fatal"] = not self._context_alive(device)
+        return answer
+
+    def _context_alive(self, device) -> bool:
+        try:
+            self.torch.ones(1, device=device).add_(1).item()
+            self.torch.cuda.synchronize(device)
+            return True
+        except Exception:  # a sticky CUDA error: every later call would fail too
+            return False
+
+    def prepare(self, req: dict) -> dict:
+        from autotune import backends
+        from autotune.workload import Call, run
+        from kernels_cuda import reference
+
+        torch = self.torch
+        self.prepared = None
+        device = torch.device(req["device"])
+        call = Call(req["op"], req["dtype"], tuple(req["shape"]), req.get("layout", ""),
+                    req.get("bias", False), req.get("activation"))
+        try:
+            if req["backend"] == "torch":
+                module, fn, config = None, getattr(reference.native, call.op), None
+            else:
+                module = backends.load(req["backend"])
+                fn, config = getattr(module, call.op), req.get("config")
+            generator = torch.Generator(device=device)
+            generator.manual_seed(int(req.get("seed", 0)))
+            inputs = call.inputs(device, generator)
+            start = time.perf_counter()
+            run(fn, call.op, inputs.clone(), config)
+            self._sync(device)
+            compile_s = time.perf_counter() - start
+        except Exception as exc:  # every failure is a trial outcome, recorded with its message
+            return self._failure(exc, device)
+        self.prepared = (call, fn, config, inputs, device)
+        answer = {"ok": True, "compile_s": compile_s}
+        if module is not None and hasattr(module, "resource_report") and config is not None:
+            try:
+                report = module.resource_report(call.op, call.dtype, config) or {}
+            except Exception:  # resource figures are a nicety; the trial stands without them
+                traceback.print_exc(file=sys.stderr)
+                report = {}
+            answer.update({k: report.get(k) for k in ("registers", "smem_bytes", "spill_bytes")})
+        return answer
+
+    def measure(self, req: dict) -> dict:
+        from autotune.workload import TOLERANCE, expected, relative_error, run
+
+        if self.prepared is None:
+            return {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
+        call, fn, config, inputs, device = self.prepared
+        try:
+            outputs = run(fn, call.op, inputs.clone(), config)
+            error = relative_error(outputs, expected(call.op, inputs))
+            tolerance = TOLERANCE[call.dtype]
+            if not error <= tolerance:
+                return {"ok": False, "status": "wrong_result", "rel_err": error,
+                        "error": f"relative error {error:.3g} > {tolerance:g} allowed for {call.dtype}"}
+            timed = inputs.clone()
+            args, kwargs = timed.args, dict(timed.kwargs, **({"config": config} if config is not None else {}))
+            timing = self._time(lambda: fn(*args, **kwargs), device, int(req.get("reps", 100)),
+                                float(req.get("max_seconds", 2.0)))
+        except Exception as exc:  # see prepare
+            return self._failure(exc, device)
+        return {"ok": True, "rel_err": error, **timing.as_row()}
+
+    def _time(self, call, device, reps: int, max_seconds: float):
+        """GPU time of one call.
+
+        On a GPU, GRAPH_CALLS calls are captured in a CUDA graph and its replays
+        timed: a small kernel then reports its own time, not the Python launch
+        path around it (which a trainer replaying graphs does not pay either).
+        An op that cannot be captured is timed call by call.
+        """
+        from autotune.timing import Timing, bench, bench_graph
+
+        if device.type == "cuda":
+            try:
+                t = bench_graph(lambda: [call() for _ in range(GRAPH_CALLS)], steps=max(5, reps // 5))
+                return Timing(t.median_ms / GRAPH_CALLS, t.p20_ms / GRAPH_CALLS, t.p80_ms / GRAPH_CALLS, t.reps)
+            except Exception:  # not capturable: fall back to timing launches
+                traceback.print_exc(file=sys.stderr)
+                self.torch.cuda.synchronize(device)
+        return bench(call, device=device, reps=reps, max_seconds=max_seconds)
+
+    def compile(self, req: dict) -> dict:
+        from autotune import backends
+
+        try:
+            module = backends.load(req["backend"])
+        except Exception as exc:
+            return self._failure(exc, None)
+        op, dtype, configs, arch = req["op"], req["dtype"], req["configs"], int(req["arch"])
+        if hasattr(module, "compile_reports") and len(configs) > 1:
+            start = time.perf_counter()
+            try:
+                reports = module.compile_reports(op, dtype, configs, arch)
+                share = (time.perf_counter() - start) / len(configs)
+                return {"ok": True, "reports": [_report(r, share) for r in reports]}
+            except Exception:  # fall back to one by one, so each config gets its own verdict
+                traceback.print_exc(file=sys.stderr)
+        reports = []
+        for config in configs:
+            start = time.perf_counter()
+            try:
+                reports.append(_report(module.compile_report(op, dtype, config, arch), time.perf_counter() - start))
+            except Exception as exc:
+                traceback.print_exc(file=sys.stderr)
+                reports.append({"status": classify(exc), "error": describe(exc)})
+        return {"ok": True, "reports": reports}
+
+
+def _report(report: dict, elapsed: float) -> dict:
+    if report.get("error"):
+        return {"status": "compile_error", "error": str(report["error"])[:MAX_ERROR_CHARS]}
+    out = {k: report.get(k) for k in ("registers", "smem_bytes", "spill_bytes", "compile_s")}
+    out["compile_s"] = out["compile_s"] if out["compile_s"] is not None else elapsed
+    return {"status": "ok", **out}
+
+
+def main() -> None:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+
+    def answer(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    runner = Runner()
+    answer({"ready": True, "pid": os.getpid()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["cmd"] == "exit":
+            break
+        result = getattr(runner, req["cmd"])(req)
+        answer(result)
+        if result.get("fatal"):
+            os._exit(4)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""What gets tuned: op calls with shapes, their inputs, and their cost in FLOPs/bytes.
+
+A call's shape key is the name of its study and of its store entry:
+matmul (M, N, K) plus a layout ("nn", "tn", "nt", "tt": t = that operand is
+transposed), elementwise and row ops (M, N), softmax_cross_entropy (M, C),
+sgd_update (total parameter elements,).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from kernels_cuda.contract import DTYPES, OPS
+from kernels_cuda.reference import exact
+
+OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
+           "softmax_cross_entropy": 2, "sgd_update": 1}
+LAYOUTS = ("nn", "tn", "nt", "tt")
+# Relative error ||out - ref|| / ||ref|| allowed per working dtype: a few units
+# of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2}
+SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+MNIST_IN, MNIST_CLASSES = 784, 10
+
+
+def shape_key(op: str, shape, layout: str = "") -> str:
+    return "x".join(str(int(d)) for d in shape) + (f":{layout}" if layout else "")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One op call as the trainer makes it: enough to build its inputs."""
+
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str = ""
+    bias: bool = False
+    activation: str | None = None
+
+    @property
+    def key(self) -> str:
+        return shape_key(self.op, self.shape, self.layout)
+
+    def inputs(self, device, generator: torch.Generator) -> "OpInputs":
+        return make_inputs(self.op, self.dtype, self.shape, self.layout, device, generator,
+                           bias=self.bias, activation=self.activation)
+
+
+def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str) -> list[Call]:
+    """Every distinct call of one training step of 784 -> hidden x layers -> 10.
+
+    Weights are stored (in, out) row-major, so the forward pass is x @ W, the
+    weight gradient h^T @ dY ("tn") and the input gradient dY @ W^T ("nt").
+    """
+    if hidden < 1 or layers < 1 or batch < 1:
+        raise ValueError(f"mnist-mlp needs hidden, layers, batch >= 1 (got {hidden}, {layers}, {batch})")
+    dims = [MNIST_IN] + [hidden] * layers + [MNIST_CLASSES]
+    last = len(dims) - 2
+    calls = []
+    for i in range(len(dims) - 1):
+        calls.append(Call("matmul", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True,
+                          activation=None if i == last else "relu"))
+    for i in range(len(dims) - 1):
+        calls.append(Call("matmul", dtype, (dims[i], dims[i + 1], batch), "tn"))
+        if i > 0:  # the input layer needs no gradient for its input
+            calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt"))
+    calls += [
+        Call("relu_backward", dtype, (batch, hidden)),
+        Call("bias_grad", dtype, (batch, hidden)),
+        Call("bias_grad", dtype, (batch, MNIST_CLASSES)),
+        Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
+        Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),)),
+    ]
+    return _dedupe(calls)
+
+
+def _dedupe(calls: list[Call]) -> list[Call]:
+    seen: dict[tuple[str, str], Call] = {}
+    for call in calls:
+        seen.setdefault((call.op, call.key), call)
+    return list(seen.values())
+
+
+def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
+    """"4096x4096x4096,128x1024x784:tn,128x1024" -> [(shape, layout), ...]."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        dims, _, layout = item.partition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--shapes: {item!r} is not like 4096x4096x4096 or 128x1024") from None
+        if not shape or min(shape) < 1 or len(shape) > 3:
+            raise ValueError(f"--shapes: {item!r} needs 1 to 3 positive dimensions")
+        if layout and (len(shape) != 3 or layout not in LAYOUTS):
+            raise ValueError(f"--shapes: layout {layout!r} in {item!r}: only matmul shapes (MxNxK) "
+                             f"take a layout, one of {', '.join(LAYOUTS)}")
+        out.append((shape, layout or ("nn" if len(shape) == 3 else "")))
+    if not out:
+        raise ValueError("--shapes: no shape given")
+    return out
+
+
+def calls_for_shapes(ops, dtype: str, shapes) -> list[Call]:
+    """Each op gets the given shapes of its rank (3 dims: matmul, 2: row ops, 1: sgd)."""
+    return _dedupe([Call(op, dtype, shape, layout) for op in ops for shape, layout in shapes
+                    if OP_RANK[op] == len(shape)])
+
+
+@dataclass
+class OpInputs:
+    args: tuple
+    kwargs: dict
+
+    def clone(self) -> "OpInputs":
+        def copy(v):
+            if isinstance(v, torch.Tensor):
+                return v.clone()
+            if isinstance(v, list):
+                return [copy(x) for x in v]
+            return v
+        return replace(self, args=tuple(copy(a) for a in self.args),
+                       kwargs={k: copy(v) for k, v in self.kwargs.items()})
+
+
+def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torch.Generator, *,
+                bias: bool = False, activation: str | None = None) -> OpInputs:
+    """Fresh random inputs for one call (never zeros; labels random class ids)."""
+    dt = DTYPES[dtype]
+
+    def randn(*shape, dtype=dt):
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+    s = tuple(shape)
+    if op == "matmul":
+        m, n, k = s
+        trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+        a = randn(k, m) if trans_a else randn(m, k)
+        b = randn(n, k) if trans_b else randn(k, n)
+        kwargs = {"trans_a": trans_a, "trans_b": trans_b, "activation": activation,
+                  "bias": randn(n) if bias else None}
+        return OpInputs((a, b), kwargs)
+    if op == "relu":
+        return OpInputs((randn(*s),), {})
+    if op == "relu_backward":
+        return OpInputs((randn(*s), randn(*s)), {})
+    if op == "bias_add":
+        return OpInputs((randn(*s), randn(s[1])), {"activation": activation})
+    if op == "bias_grad":
+        return OpInputs((randn(*s),), {})
+    if op == "softmax_cross_entropy":
+        labels = torch.randint(0, s[1], (s[0],), generator=generator, device=device)
+        return OpInputs((randn(*s) * 2, labels), {})
+    if op == "sgd_update":
+        params = [randn(s[0], dtype=torch.float32)]
+        bufs = [randn(s[0], dtype=torch.float32)]
+        return OpInputs((params, [randn(s[0])], bufs), dict(SGD_HYPER))
+    raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+
+
+def run(fn: Callable, op: str, inputs: OpInputs, config) -> list[torch.Tensor]:
+    """Call `fn` (a backend op, or a baseline taking no config) and list what it produced.
+
+    sgd_update works in place, so its outputs are the (mutated) params and buffers.
+    """
+    kwargs = dict(inputs.kwargs)
+    if config is not None:
+        kwargs["config"] = config
+    result = fn(*inputs.args, **kwargs)
+    if op == "sgd_update":
+        return list(inputs.args[0]) + list(inputs.args[2])
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def expected(op: str, inputs: OpInputs) -> list[torch.Tensor]:
+    """The float64 reference outputs (inputs are left as they are)."""
+    result = getattr(exact, op)(*inputs.args, **inputs.kwargs)
+    if op == "sgd_update":
+        params, bufs = result
+        return params + bufs
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def relative_error(outputs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    """Largest ||out - ref|| / ||ref|| over the outputs; inf for NaN/Inf or a shape mismatch."""
+    if len(outputs) != len(refs):
+        return math.inf
+    worst = 0.0
+    for out, ref in zip(outputs, refs):
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
+            return math.inf
+        o, r = out.detach().double(), ref.detach().double().to(out.device)
+        if not torch.isfinite(o).all():
+            return math.inf
+        worst = max(worst, float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30)))
+    return worst
+
+
+def flops_bytes(op: str, shape, dtype: str) -> tuple[float | None, float]:
+    """(FLOPs or None for memory-bound ops, bytes moved at least once)."""
+    elt = DTYPES[dtype].itemsize
+    if op == "matmul":
+        m, n, k = shape
+        return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n))
+    if op == "sgd_update":
+        (n,) = shape
+        return None, float(n * (4 * 2 + 4 * 2 + elt))  # params and buffers read+written, grads read
+    m, n = shape
+    per_elt = {"relu": 2, "relu_backward": 3, "bias_add": 2, "bias_grad": 1, "softmax_cross_entropy": 2}[op]
+    extra = {"bias_add": n * elt, "bias_grad": n * 4, "softmax_cross_entropy": m * 8 + 4}.get(op, 0)
+    return None, float(per_elt * m * n * elt + extra)
+
+
+def metric(op: str) -> str:
+    return "tflops" if op == "matmul" else "gbps"
+
+
+def throughput(op: str, shape, dtype: str, time_ms: float) -> float:
+    """TFLOP/s for matmul, GB/s otherwise."""
+    flops, nbytes = flops_bytes(op, shape, dtype)
+    seconds = time_ms / 1e3
+    return flops / seconds / 1e12 if flops is not None else nbytes / seconds / 1e9

@@ -1,0 +1,113 @@
+"""A test-only backend with the twins' interface, whose configs misbehave on purpose.
+
+Select it with AUTOTUNE_BACKENDS=fake=tests.fake_backend and --backends fake.
+relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
+3 hang, 4 process crash. matmul is correct for every config and is fastest
+at BLOCK_M=32, BLOCK_N=64, so a search has something to find. FAKE_COMPILE_S
+makes each config's first call slow, like a real compile.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from kernels_cuda import reference
+from kernels_cuda.contract import OPS, Space
+
+_SPACES = {
+    "relu": Space(params={"BLOCK": (64, 128, 256), "MODE": (0, 1, 2, 3, 4)},
+                  default={"BLOCK": 64, "MODE": 0}, restrictions=("BLOCK * elt <= 512",),
+                  threads="BLOCK", smem_bytes="0"),
+    "matmul": Space(params={"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (16, 32, 64, 128), "SPLIT": (1, 2)},
+                    default={"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": 1},
+                    restrictions=("BLOCK_M * BLOCK_N <= 4096",), threads="BLOCK_M * 4",
+                    smem_bytes="(BLOCK_M + BLOCK_N) * 32 * elt"),
+}
+_OTHER = Space(params={"BLOCK": (128, 256)}, default={"BLOCK": 128})
+_compiled: set = set()
+
+
+class FakeCompileError(RuntimeError):
+    pass
+
+
+def space(op: str, dtype: str) -> Space:
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}")
+    return _SPACES.get(op, _OTHER)
+
+
+def _resolve(op, config, dtype_bytes=4):
+    return space(op, "fp32").resolve(config, dtype_bytes)
+
+
+def _compile(op, config) -> None:
+    key = (op, tuple(sorted(config.items())))
+    if key not in _compiled:
+        time.sleep(float(os.environ.get("FAKE_COMPILE_S", "0")))
+        _compiled.add(key)
+
+
+def relu(x, *, out=None, config=None):
+    cfg = _resolve("relu", config, x.element_size())
+    mode = cfg["MODE"]
+    if mode == 1:
+        raise FakeCompileError(f"ptxas: too many resources requested (BLOCK={cfg['BLOCK']})")
+    _compile("relu", cfg)
+    if mode == 3:
+        time.sleep(3600)
+    if mode == 4:
+        os._exit(9)
+    y = x.clone() if mode == 2 else torch.relu(x)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
+           accumulate="fp32"):
+    cfg = _resolve("matmul", config, a.element_size())
+    _compile("matmul", cfg)
+    # A config-dependent cost, so the search has a best config to find.
+    time.sleep(1e-4 * (abs(cfg["BLOCK_M"] - 32) / 16 + abs(cfg["BLOCK_N"] - 64) / 16 + cfg["SPLIT"]))
+    y = reference.native.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b)
+    return y.to(a.dtype)
+
+
+def _passthrough(op):
+    def fn(*args, config=None, out=None, **kwargs):
+        _resolve(op, config)
+        return getattr(reference.native, op)(*args, **kwargs)
+    fn.__name__ = op
+    return fn
+
+
+relu_backward = _passthrough("relu_backward")
+bias_add = _passthrough("bias_add")
+bias_grad = _passthrough("bias_grad")
+softmax_cross_entropy = _passthrough("softmax_cross_entropy")
+sgd_update = _passthrough("sgd_update")
+
+
+def compile_report(op, dtype, config, arch):
+    if config.get("MODE") == 1:
+        raise FakeCompileError(f"ptxas: too many resources requested for {config}")
+    sp = space(op, dtype)
+    cost = sp.cost(config, 2 if dtype != "fp32" else 4, arch)
+    tile = config.get("BLOCK_M", 16) * config.get("BLOCK_N", 16)
+    return {"registers": min(255, 32 + tile // 32), "smem_bytes": cost["smem_bytes"],
+            "spill_bytes": 64 if tile > 2048 else 0, "compile_s": 0.001}
+
+
+def compile_reports(op, dtype, configs, arch):
+    return [compile_report(op, dtype, c, arch) for c in configs]
+
+
+def resource_report(op, dtype, config):
+    try:
+        return compile_report(op, dtype, config, 90)
+    except FakeCompileError:
+        return None

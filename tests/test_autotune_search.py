@@ -1,0 +1,187 @@
+"""`python -m autotune.search` end to end, as a user runs it, on tiny shapes.
+
+The fake backend (tests/fake_backend.py) provides configs that fail in every
+way a real kernel can; the real Triton backend runs under the interpreter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import torch
+
+from autotune.store import load_store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fake_registered(monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")  # for load_store in this process
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend", TRITON_INTERPRET="1", **extra)
+    e.pop("KERNEL_TEST_SEED", None)
+    return e
+
+
+def cli(tmp_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "autotune.search", "--out", str(tmp_path / "out"),
+            "--storage", f"sqlite:///{tmp_path / 'tuning.db'}", *args]
+
+
+def search(tmp_path: Path, *args: str, timeout: float = 180, **extra) -> subprocess.CompletedProcess:
+    result = subprocess.run(cli(tmp_path, *args), cwd=REPO, env=env(**extra), capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def trials(tmp_path: Path, target: str = "cpu") -> pd.DataFrame:
+    return pd.read_csv(tmp_path / "out" / target / "trials.csv")
+
+
+def counted(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["status"] != "invalid"]
+
+
+def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
+    out = search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "relu", "--dtypes", "fp32",
+                 "--shapes", "32x64", "--sampler", "grid", "--trials", "20", "--timeout", "3")
+    rows = trials(tmp_path)
+    by_mode = {int(r.MODE): r for r in rows.itertuples()}
+    assert len(rows) == 10 and set(rows["BLOCK"]) == {64, 128}  # BLOCK=256 breaks the fp32 rule: never tried
+    status = rows.groupby("MODE")["status"].agg(set).to_dict()
+    assert status == {0: {"ok"}, 1: {"compile_error"}, 2: {"wrong_result"}, 3: {"timeout"}, 4: {"launch_error"}}
+    assert "ptxas" in by_mode[1].error and "relative error" in by_mode[2].error
+    assert "no answer within 3 s" in by_mode[3].error and "exit code 9" in by_mode[4].error
+    ok = rows[rows["status"] == "ok"]
+    assert (ok["time_ms"] > 0).all() and ok["speedup_vs_default"].notna().all() and ok["speedup_vs_torch"].notna().all()
+    assert (ok["metric"] == "gbps").all() and ok["gbps"].notna().all() and ok["commit"].notna().all()
+    assert rows["study"].eq("cpu:relu:fake:fp32:32x64").all() and sorted(rows["trial"]) == list(range(10))
+    best = load_store(tmp_path / "out" / "cpu" / "best.json", "cpu")
+    config, source = best.lookup("relu", "fake", "fp32", "32x64")
+    assert source == "tuned" and config["MODE"] == 0
+    raw = json.loads((tmp_path / "out" / "cpu" / "best.json").read_text())["entries"][0]
+    assert raw["trials"] == 10 and raw["failures"] == {"compile_error": 2, "wrong_result": 2, "timeout": 2,
+                                                       "launch_error": 2}
+    assert raw["time_ms"] == ok["time_ms"].min() and raw["provenance"]["python"]
+    assert "compile_error:2" in out.stdout and "relu" in out.stdout  # the summary table
+
+
+def test_resume_after_sigkill_redoes_nothing(tmp_path):
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
+            "--shapes", "16x16x16", "--sampler", "random", "--trials", "10", "--seed", "3"]
+    csv = tmp_path / "out" / "cpu" / "trials.csv"
+    proc = subprocess.Popen(cli(tmp_path, *args), cwd=REPO, env=env(FAKE_COMPILE_S="0.7"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if csv.exists() and len(counted(pd.read_csv(csv))) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the search wrote no trials in 120 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = counted(pd.read_csv(csv))
+    assert 3 <= len(first) < 10
+    search(tmp_path, *args)
+    rows = trials(tmp_path)
+    assert not rows.duplicated(["study", "trial"]).any()
+    measured = counted(rows)
+    assert len(measured) == 10
+    fresh = measured[measured["reused_from"].isna()]
+    assert not fresh.duplicated(["BLOCK_M", "BLOCK_N", "SPLIT"]).any()  # nothing measured twice
+    kept = measured.merge(first[["trial", "utc"]], on=["trial", "utc"])
+    assert len(kept) == len(first)  # the first run's rows stand as they were
+
+    # A kill between the study write and the CSV write: the next run restores the row.
+    lines = csv.read_text().splitlines(keepends=True)
+    csv.write_text("".join(lines[:-1]))
+    out = search(tmp_path, *args)
+    assert len(trials(tmp_path)) == len(rows) and "This run: 0 trials measured, 0 reused" in out.stdout
+    study = optuna.load_study(study_name="cpu:matmul:fake:fp32:16x16x16:nn", storage=f"sqlite:///{tmp_path / 'tuning.db'}")
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert load_store(tmp_path / "out" / "cpu" / "best.json", "cpu").lookup(
+        "matmul", "fake", "fp32", "16x16x16:nn")[1] == "tuned"
+
+
+def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
+    search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
+           "--shapes", "16x16x16:tn", "--trials", "12", "--workers", "2", "--sampler", "random")
+    rows = trials(tmp_path)
+    measured = counted(rows)
+    assert len(measured) == 12 and not rows.duplicated(["trial"]).any()
+    assert not measured[measured["reused_from"].isna()].duplicated(["BLOCK_M", "BLOCK_N", "SPLIT"]).any()
+    study = optuna.load_study(study_name="cpu:matmul:fake:fp32:16x16x16:tn", storage=f"sqlite:///{tmp_path / 'tuning.db'}")
+    assert sorted(t.number for t in study.trials) == sorted(rows["trial"])
+    assert (measured["status"] == "ok").all()
+
+
+def test_timing_without_a_gpu_is_refused_with_what_to_run(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for target, words in (("sm_90", "cannot be timed"), ("auto", "no CUDA GPU is visible")):
+        result = subprocess.run(cli(tmp_path, "--target", target, "--backends", "fake"), cwd=REPO, env=env(),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and words in result.stderr and "--compile-only" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_compile_only_with_the_fake_backend_batches_prunes_and_resumes(tmp_path):
+    args = ["--target", "sm_75", "--compile-only", "--backends", "fake", "--ops", "relu,matmul",
+            "--dtypes", "fp32", "--workers", "1"]
+    out = search(tmp_path, *args)
+    rows = trials(tmp_path, "sm_75")
+    relu = rows[rows["op"] == "relu"]
+    assert len(relu) == 10 and set(relu.loc[relu["MODE"] == 1, "status"]) == {"compile_error"}
+    assert set(relu.loc[relu["MODE"] != 1, "status"]) == {"ok"}  # the batch failed, one by one it did not
+    mm = rows[rows["op"] == "matmul"]
+    assert len(mm) == 26 and (mm["registers"] > 0).all() and (mm.loc[mm["BLOCK_M"] * mm["BLOCK_N"] > 2048, "spill_bytes"] > 0).all()
+    assert "pruned before compiling: 11" in out.stdout  # 5 relu (BLOCK=256) + 6 matmul tiles over 4096
+    search(tmp_path, *args)
+    assert len(trials(tmp_path, "sm_75")) == len(rows)  # nothing compiled twice
+
+
+def test_real_triton_backend_under_the_interpreter(tmp_path):
+    try:
+        __import__("kernels_triton")
+    except Exception as exc:  # noqa: BLE001 - any import failure means there is nothing to test yet
+        pytest.skip(f"kernels_triton does not import: {exc}")
+    search(tmp_path, "--target", "cpu", "--backends", "triton", "--ops", "matmul,relu,softmax_cross_entropy",
+           "--dtypes", "fp32", "--shapes", "16x32x16,8x16", "--trials", "2", "--workers", "1", timeout=300)
+    rows = counted(trials(tmp_path))
+    assert set(rows["op"]) == {"matmul", "relu", "softmax_cross_entropy"}
+    assert (rows["status"] == "ok").all(), rows[["op", "status", "error"]]
+    best = load_store(tmp_path / "out" / "cpu" / "best.json", "cpu")
+    assert best.lookup("matmul", "triton", "fp32", "16x32x16:nn")[1] == "tuned"
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_compile_only_for_sm_75_with_a_real_backend(tmp_path, backend):
+    if backend == "cuda" and shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    try:
+        __import__(f"kernels_{backend}")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"kernels_{backend} does not import: {exc}")
+    out = search(tmp_path, "--target", "sm_75", "--compile-only", "--backends", backend, "--ops", "relu,matmul",
+                 "--dtypes", "fp16,bf16", "--trials", "2", "--workers", "2", timeout=400)
+    rows = trials(tmp_path, "sm_75")
+    assert set(rows["op"]) == {"relu", "matmul"} and not ((rows["op"] == "matmul") & (rows["dtype"] == "bf16")).any()
+    assert (rows["status"] == "ok").all(), rows[["op", "dtype", "status", "error"]]
+    assert (rows["registers"] > 0).all() and rows["spill_bytes"].notna().all()
+    assert "bf16 matmul needs bf16 tensor cores" in out.stdout

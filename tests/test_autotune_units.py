@@ -1,0 +1,180 @@
+"""Targets, workload shapes and the config store, in process (no subprocesses)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autotune import targets, workload
+from autotune.store import ConfigStore, StoreError, load_store, save_store
+from kernels_cuda.contract import Space
+from tests import fake_backend
+
+SM75, SM90 = targets.TARGETS["sm_75"], targets.TARGETS["sm_90"]
+
+
+def fake_space(backend, op, dtype):
+    assert backend == "fake"
+    return fake_backend.space(op, dtype)
+
+
+@pytest.fixture(autouse=True)
+def fake_registered(monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")
+
+
+# -- targets -------------------------------------------------------------------------
+
+def test_target_facts():
+    assert SM90.arch == 90 and SM90.name == "sm_90"
+    assert SM75.smem_per_block_optin == 64 * 1024 and SM90.smem_per_block_optin == 227 * 1024
+    assert targets.TARGETS["sm_86"].smem_per_block_optin == targets.TARGETS["sm_89"].smem_per_block_optin == 99 * 1024
+    assert all(t.registers_per_thread == 255 and t.max_threads_per_block == 1024 for t in targets.TARGETS.values())
+    assert SM90.wgmma and SM90.tma and not targets.TARGETS["sm_80"].tma and not SM75.cp_async
+    assert SM90.peak("tflops", "bf16") == 750.0 and SM90.peak("gbps", "fp16") == 4245.0
+    assert targets.TARGETS["sm_80"].peak("tflops", "fp16") is None
+
+
+def test_target_violation_prunes_smem_threads_and_dtype():
+    space = Space(params={"T": (256, 2048), "S": (1, 100)}, default={"T": 256, "S": 1},
+                  threads="T", smem_bytes="S * 1024")
+    assert SM90.target_violation(space, {"T": 256, "S": 1}, 2) is None
+    assert "threads per block" in SM90.target_violation(space, {"T": 2048, "S": 1}, 2)
+    assert "shared memory" in SM75.target_violation(space, {"T": 256, "S": 100}, 2)
+    assert SM90.target_violation(space, {"T": 256, "S": 100}, 2) is None
+    assert "outside the space" in SM90.target_violation(space, {"T": 3, "S": 1}, 2)
+    assert "bf16" in SM75.target_violation(space, {"T": 256, "S": 1}, 2, op="matmul", dtype="bf16")
+    assert SM75.dtype_problem("relu", "bf16") is None and SM75.dtype_problem("matmul", "fp16") is None
+
+
+def test_timing_a_target_without_a_gpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(targets.TargetError, match="--compile-only"):
+        targets.resolve_target("auto", compile_only=False)
+    with pytest.raises(targets.TargetError, match="no CUDA GPU"):
+        targets.resolve_target("sm_90", compile_only=False)
+    assert targets.resolve_target("sm_75", compile_only=True) is SM75
+
+
+# -- workload ------------------------------------------------------------------------
+
+def test_shape_keys_and_parsing():
+    assert workload.shape_key("matmul", (128, 1024, 784), "nn") == "128x1024x784:nn"
+    assert workload.shape_key("relu", (128, 1024)) == "128x1024"
+    assert workload.parse_shapes("4096x4096x4096, 128x1024x784:tn,128x10,99") == [
+        ((4096, 4096, 4096), "nn"), ((128, 1024, 784), "tn"), ((128, 10), ""), ((99,), "")]
+    for bad in ("4096xx4", "128x10:tn", "1x2x3:qq", "0x4", ""):
+        with pytest.raises(ValueError, match="--shapes"):
+            workload.parse_shapes(bad)
+
+
+def test_mnist_mlp_calls():
+    calls = workload.mnist_mlp_calls(hidden=256, layers=2, batch=64, dtype="fp16")
+    got = {(c.op, c.key): c for c in calls}
+    assert got[("matmul", "64x256x784:nn")].bias and got[("matmul", "64x256x784:nn")].activation == "relu"
+    assert got[("matmul", "64x256x256:nn")].activation == "relu"
+    assert got[("matmul", "64x10x256:nn")].activation is None and got[("matmul", "64x10x256:nn")].bias
+    for key in ("784x256x64:tn", "256x256x64:tn", "256x10x64:tn", "64x256x10:nt", "64x256x256:nt"):
+        assert ("matmul", key) in got and not got[("matmul", key)].bias
+    assert ("matmul", "64x784x256:nt") not in got  # the input layer needs no dX
+    assert {("relu_backward", "64x256"), ("bias_grad", "64x256"), ("bias_grad", "64x10"),
+            ("softmax_cross_entropy", "64x10")} <= set(got)
+    params = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    assert ("sgd_update", str(params)) in got
+    assert len(calls) == len(got) == 8 + 5  # duplicates removed
+    assert len(workload.mnist_mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5
+
+
+@pytest.mark.parametrize("op,shape,layout", [
+    ("matmul", (8, 12, 16), "tn"), ("relu_backward", (4, 8), ""), ("softmax_cross_entropy", (6, 10), ""),
+    ("sgd_update", (50,), ""), ("bias_add", (4, 8), "")])
+def test_inputs_are_fresh_random_and_the_reference_checks_them(op, shape, layout):
+    gen = torch.Generator().manual_seed(1)
+    inputs = workload.make_inputs(op, "fp32", shape, layout, "cpu", gen, bias=True, activation="relu")
+    tensors = [t for a in inputs.args for t in (a if isinstance(a, list) else [a])]
+    assert all(t.abs().sum() > 0 for t in tensors)
+    if op == "matmul":
+        assert inputs.args[0].shape == (16, 8) and inputs.kwargs["trans_a"] and not inputs.kwargs["trans_b"]
+    if op == "softmax_cross_entropy":
+        assert inputs.args[1].dtype == torch.int64 and inputs.args[1].max() < 10
+    from kernels_cuda.reference import native
+    outputs = workload.run(getattr(native, op), op, inputs.clone(), None)
+    assert workload.relative_error(outputs, workload.expected(op, inputs)) < 1e-5
+    outputs[0].view(-1)[0] = float("nan")
+    assert workload.relative_error(outputs, workload.expected(op, inputs)) == float("inf")
+
+
+def test_flops_and_bytes():
+    assert workload.flops_bytes("matmul", (2, 3, 4), "fp16") == (48.0, 2.0 * (8 + 12 + 6))
+    flops, nbytes = workload.flops_bytes("relu", (10, 10), "fp32")
+    assert flops is None and nbytes == 800
+    assert workload.throughput("matmul", (1000, 1000, 1000), "fp16", 1.0) == pytest.approx(2.0)
+
+
+# -- config store --------------------------------------------------------------------
+
+def entry(shape="64x64", config=None, **extra):
+    return {"op": "relu", "backend": "fake", "dtype": "fp16", "shape": shape,
+            "config": config or {"BLOCK": 128, "MODE": 0}, "time_ms": 0.01, **extra}
+
+
+def write(path, data):
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_store_roundtrip_and_lookup(tmp_path):
+    store = ConfigStore("sm_90")
+    store.put(entry("64x64", {"BLOCK": 64, "MODE": 0}))
+    store.put(entry("4096x4096", {"BLOCK": 256, "MODE": 0}))
+    mm = {"op": "matmul", "backend": "fake", "dtype": "fp16", "shape": "128x1024x784:nn",
+          "config": {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT": 1}}
+    store.put(mm)
+    path = tmp_path / "best.json"
+    save_store(path, store)
+    loaded = load_store(path, "sm_90", space_of=fake_space)
+    assert loaded.lookup("relu", "fake", "fp16", "64x64") == ({"BLOCK": 64, "MODE": 0}, "tuned")
+    assert loaded.lookup("relu", "fake", "fp16", "3000x5000") == ({"BLOCK": 256, "MODE": 0}, "nearest:4096x4096")
+    assert loaded.lookup("relu", "fake", "fp16", "100x50") == ({"BLOCK": 64, "MODE": 0}, "nearest:64x64")
+    assert loaded.lookup("matmul", "fake", "fp16", "128x1024x1024:nn")[1] == "nearest:128x1024x784:nn"
+    assert loaded.lookup("matmul", "fake", "fp16", "128x1024x1024:tn") == (None, "default")
+    assert loaded.lookup("relu", "fake", "fp32", "64x64") == (None, "default")
+    merged = loaded.merge(ConfigStore("sm_90", {("relu", "fake", "fp16", "64x64"): entry(config={"BLOCK": 128, "MODE": 0})}))
+    assert merged.lookup("relu", "fake", "fp16", "64x64")[0] == {"BLOCK": 128, "MODE": 0}
+    assert load_store(path, "sm_90").lookup("relu", "fake", "fp16", "64x64")[1] == "tuned"  # registry resolves fake
+
+
+@pytest.mark.parametrize("data,match", [
+    ("{not json", "not valid JSON"),
+    ({"target": "sm_80", "entries": []}, "written for target 'sm_80'"),
+    ({"target": "sm_90", "entries": [], "extra": 1}, "unknown top-level key"),
+    ({"target": "sm_90", "entries": [entry(colour="red")]}, r"entry 0 \(relu:fake:fp16:64x64\): unknown key"),
+    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128, "MODE": 0, "X": 1})]}, "unknown tunable"),
+    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128.0, "MODE": 0})]}, "BLOCK=128.0 is not an integer"),
+    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128, "MODE": True})]}, "MODE=True is not an integer"),
+    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 100, "MODE": 0})]}, "outside the space"),
+    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128})]}, "missing tunable MODE"),
+    ({"target": "sm_90", "entries": [dict(entry(), dtype="fp32", config={"BLOCK": 256, "MODE": 0})]},
+     "restriction `BLOCK \\* elt <= 512` fails"),
+    ({"target": "sm_90", "entries": [dict(entry(), op="conv")]}, "unknown op 'conv'"),
+    ({"target": "sm_90", "entries": [dict(entry(), backend="nope")]}, "unknown backend 'nope'"),
+    ({"target": "sm_90", "entries": [dict(entry(), dtype="fp8")]}, "unknown dtype"),
+    ({"target": "sm_90", "entries": [entry(shape="64x64x64:nn")]}, "2 dimension"),
+    ({"target": "sm_90", "entries": [entry(), entry()]}, "second entry"),
+    ({"target": "sm_90", "entries": [entry(time_ms="fast")]}, "time_ms='fast' is not a float"),
+])
+def test_store_refuses_bad_files(tmp_path, data, match):
+    path = write(tmp_path / "best.json", data)
+    with pytest.raises(StoreError, match=match) as info:
+        load_store(path, "sm_90", space_of=fake_space)
+    assert str(path) in str(info.value)
+
+
+def test_store_refuses_a_config_the_target_cannot_run(tmp_path):
+    mm = {"op": "matmul", "backend": "fake", "dtype": "bf16", "shape": "8x8x8:nn",
+          "config": {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT": 1}}
+    path = write(tmp_path / "best.json", {"target": "sm_75", "entries": [mm]})
+    with pytest.raises(StoreError, match="bf16 matmul needs"):
+        load_store(path, "sm_75", space_of=fake_space)
