@@ -1,0 +1,105 @@
+"""The MNIST loader: the vendored files load, and broken copies are refused by name."""
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+
+import pytest
+import torch
+
+from trainer.data import DEFAULT_DIR, SPECS, DeviceBatches, MnistDataError, load_mnist, read_mnist
+
+
+def test_vendored_files_load_with_expected_counts_and_shapes():
+    arrays = read_mnist(DEFAULT_DIR)
+    assert arrays["train_images"].shape == (60000, 28, 28)
+    assert arrays["train_labels"].shape == (60000,)
+    assert arrays["test_images"].shape == (10000, 28, 28)
+    assert arrays["test_labels"].shape == (10000,)
+    assert set(arrays["test_labels"].tolist()) == set(range(10))
+
+    data = load_mnist(DEFAULT_DIR, torch.device("cpu"), torch.float32)
+    assert data.train_x.shape == (60000, 784) and data.test_x.shape == (10000, 784)
+    assert data.train_y.dtype == torch.int64
+    # Normalized with MNIST's statistics: the training set comes out near zero mean, unit std.
+    assert abs(data.train_x.mean().item()) < 0.01 and abs(data.train_x.std().item() - 1) < 0.01
+
+
+def _copy_with(tmp_path, name, raw=None, gz=None):
+    """A data dir with the vendored files, one of them replaced (or removed if both are None)."""
+    for spec in SPECS.values():
+        if spec.name != name:
+            shutil.copy(DEFAULT_DIR / f"{spec.name}.gz", tmp_path / f"{spec.name}.gz")
+    target = tmp_path / f"{name}.gz"
+    if raw is not None:
+        target.write_bytes(gzip.compress(raw, compresslevel=1))
+    elif gz is not None:
+        target.write_bytes(gz)
+    return target
+
+
+def _raw(name):
+    return gzip.decompress((DEFAULT_DIR / f"{name}.gz").read_bytes())
+
+
+LABELS = "t10k-labels-idx1-ubyte"
+IMAGES = "t10k-images-idx3-ubyte"
+
+
+def _refused(tmp_path, path, *words):
+    with pytest.raises(MnistDataError) as err:
+        read_mnist(tmp_path)
+    message = str(err.value)
+    assert str(path) in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_missing_file_is_named(tmp_path):
+    path = _copy_with(tmp_path, LABELS)
+    _refused(tmp_path, path, "missing")
+
+
+def test_truncated_gzip_is_refused(tmp_path):
+    gz = (DEFAULT_DIR / f"{IMAGES}.gz").read_bytes()
+    path = _copy_with(tmp_path, IMAGES, gz=gz[: len(gz) // 2])
+    _refused(tmp_path, path, "truncated")
+
+
+def test_truncated_contents_are_refused(tmp_path):
+    path = _copy_with(tmp_path, IMAGES, raw=_raw(IMAGES)[:-784])
+    _refused(tmp_path, path, "truncated", "7839232", "7840016")
+
+
+def test_wrong_magic_is_refused(tmp_path):
+    raw = _raw(IMAGES)
+    path = _copy_with(tmp_path, IMAGES, raw=struct.pack(">I", 2049) + raw[4:])
+    _refused(tmp_path, path, "wrong magic number 2049", "expected 2051")
+
+
+def test_checksum_mismatch_is_refused(tmp_path):
+    raw = bytearray(_raw(LABELS))
+    raw[-1] = (raw[-1] + 1) % 10  # still a valid label: only the checksum can tell
+    path = _copy_with(tmp_path, LABELS, raw=bytes(raw))
+    _refused(tmp_path, path, "checksum mismatch", SPECS["test_labels"].md5)
+
+
+def test_batches_follow_a_seeded_permutation_per_epoch():
+    x = torch.arange(20, dtype=torch.float32).view(10, 2)
+    y = torch.arange(10)
+
+    def epoch(b):
+        b.new_epoch()
+        return torch.cat([b.next()[1] for _ in range(b.steps_per_epoch)])
+
+    a, b = DeviceBatches(x, y, 3, seed=7), DeviceBatches(x, y, 3, seed=7)
+    first = epoch(a)
+    assert torch.equal(first, epoch(b))  # same seed, same order
+    assert len(set(first.tolist())) == 9  # 3 full batches, no repeats; the partial batch is dropped
+    assert not torch.equal(first, epoch(a))  # the next epoch reshuffles
+    assert not torch.equal(first, epoch(DeviceBatches(x, y, 3, seed=8)))
+    # The slot counts steps within the epoch and the rows travel with their labels.
+    a.new_epoch()
+    xs, ys, slot = a.next()
+    assert slot.item() == 0 and torch.equal(xs[:, 0], 2 * ys.float())

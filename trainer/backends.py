@@ -1,0 +1,41 @@
+"""From a Config to a device and a backend whose `step(x, y)` trains one batch.
+
+Every backend offers the same small surface: `step(x, y) -> loss` (0-dim,
+on the device, no host sync), `snapshot()`/`restore()` so warm-up steps can
+be undone, and `weights()` as (W [in, out], b) pairs for evaluation.
+"""
+from __future__ import annotations
+
+import torch
+
+from autotune import backends as kernel_packages
+from trainer.config import Config
+from trainer.configs import CallConfigs, open_store
+from trainer.model import OpsMLP
+from trainer.torch_backend import TorchBackend, initial_mlp
+
+
+class NeedsGpu(RuntimeError):
+    pass
+
+
+def pick_device(config: Config) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if config.backend == "cuda":
+        raise NeedsGpu(
+            "the cuda backend runs CUDA C++ kernels through CuPy and needs an NVIDIA GPU; none was found. "
+            "On a CPU use --backend torch, or --backend triton (runs under the Triton interpreter, slowly)."
+        )
+    return torch.device("cpu")
+
+
+def make_backend(config: Config, device: torch.device):
+    """(backend, CallConfigs or None): the torch baseline, or the MLP over a kernel package."""
+    if config.backend == "torch":
+        return TorchBackend(config, device), None
+    ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
+    configs = CallConfigs(open_store(config), config.backend, config.dtype,
+                          default_of=lambda op: dict(ops.space(op, config.dtype).default))
+    initial = initial_mlp(config.hidden, config.layers, config.seed)
+    return OpsMLP(ops, initial, config, device, configs), configs

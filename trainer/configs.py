@@ -1,0 +1,77 @@
+"""Which kernel config each call of the step uses, and where it came from.
+
+The tuner stores winning configs per (op, backend, dtype, shape key) for a
+target GPU; the trainer asks the store for the exact shape of every call it
+makes and takes what comes back: the tuned config, the nearest tuned shape's,
+or the op's default. Every choice is recorded, so the run can print (and
+save) a table of them before training starts.
+
+A config file that fails the store's validation is refused: running on
+silently different kernels would make the numbers lie. `--allow-default-configs`
+turns the refusal into a warning and a run on defaults.
+"""
+from __future__ import annotations
+
+import sys
+
+from autotune.store import StoreError, load_store
+from autotune.targets import local_gpu
+from trainer.config import Config
+
+
+class ConfigStoreRefused(RuntimeError):
+    """The config store file is invalid and defaults were not allowed."""
+
+
+def target_name(target: str) -> str:
+    """"auto" is the local GPU's target, or "cpu" (the Triton interpreter) without one."""
+    if target != "auto":
+        return target
+    local = local_gpu()
+    return local[0] if local else "cpu"
+
+
+def open_store(config: Config):
+    """The validated store for `config.configs`, or None (defaults everywhere)."""
+    if config.configs is None:
+        return None
+    try:
+        return load_store(config.configs, target_name(config.target))
+    except (StoreError, OSError) as e:
+        if not config.allow_default_configs:
+            raise ConfigStoreRefused(
+                f"config store refused: {e}\n"
+                "(fix or re-tune it, or pass --allow-default-configs to run on default configs)"
+            ) from e
+        print(f"warning: config store refused: {e}; "
+              "running on default configs (--allow-default-configs)", file=sys.stderr)
+        return None
+
+
+class CallConfigs:
+    """Config per (op, shape key), looked up once and remembered for the table."""
+
+    def __init__(self, store, backend: str, dtype: str, default_of=None):
+        self.store, self.backend, self.dtype = store, backend, dtype
+        self._default_of = default_of  # op -> the config the kernel uses when given None
+        self.chosen: dict[tuple[str, str], tuple[dict | None, str]] = {}
+
+    def get(self, op: str, key: str) -> dict | None:
+        if (op, key) not in self.chosen:
+            found = self.store.lookup(op, self.backend, self.dtype, key) if self.store else (None, "default")
+            self.chosen[(op, key)] = found
+        return self.chosen[(op, key)][0]
+
+    def sources(self) -> str:
+        """One word for the summary: tuned, nearest, default, or mixed."""
+        kinds = {source.split(":")[0] for _, source in self.chosen.values()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def table(self) -> str:
+        rows = [("op", "shape", "source", "config")]
+        for (op, key), (cfg, source) in self.chosen.items():
+            if cfg is None and self._default_of is not None:
+                cfg = self._default_of(op)
+            rows.append((op, key, source, "-" if cfg is None else " ".join(f"{k}={v}" for k, v in sorted(cfg.items()))))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)

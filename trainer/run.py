@@ -1,0 +1,35 @@
+"""Command line: `python -m trainer.run --backend triton --epochs 10`.
+
+Prints progress and per-epoch lines, then the summary; the per-step CSV and
+the summary JSON land in <out>/runs/. Exits non-zero with a one-line reason
+when the data, the config store, the device or the loss is wrong.
+"""
+from __future__ import annotations
+
+import sys
+
+from trainer.backends import NeedsGpu
+from trainer.config import from_args
+from trainer.configs import ConfigStoreRefused
+from trainer.data import MnistDataError
+from trainer.train import Diverged, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = from_args(argv)
+    try:
+        summary = train(config)
+    except (MnistDataError, ConfigStoreRefused, NeedsGpu, Diverged) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    to_98 = f"{summary.seconds_to_98:.2f}s" if summary.seconds_to_98 is not None else "not reached"
+    print(f"{summary.backend} H={summary.hidden} L={summary.layers} B={summary.batch_size} {summary.dtype}: "
+          f"test accuracy {summary.test_accuracy:.2%} after {summary.steps} steps, "
+          f"train {summary.train_seconds:.2f}s (to 98%: {to_98}), median step {summary.median_step_us:.1f} µs, "
+          f"configs {summary.config_source}")
+    print(f"wrote {summary.csv} and {summary.csv[:-4]}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""One whole training step (gather, step, loss record), eager or as one CUDA graph.
+
+The step writes its loss into a per-epoch device tensor at the step's slot
+instead of returning it, so the host reads losses once per evaluation, not
+once per step, and a captured graph carries the record along. Capture follows
+the PyTorch recipe: warm up on a side stream (which also compiles the
+kernels), capture, then undo what the warm-up steps did to the weights and
+the batch counter so the run starts from the seed's initial state.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer.data import DeviceBatches
+
+GRAPH_WARMUP = 3
+
+
+class Stepper:
+    def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor):
+        self.backend, self.batches, self.losses = backend, batches, losses
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def eager(self) -> None:
+        x, y, slot = self.batches.next()
+        loss = self.backend.step(x, y)
+        self.losses.index_copy_(0, slot.view(1), loss.view(1).float())
+
+    def prepare(self, capture: bool) -> None:
+        """Compile (and capture) before the clock starts; leaves the state as it was."""
+        saved = self.backend.snapshot()
+        if capture:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(GRAPH_WARMUP):
+                    self.eager()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.eager()
+        else:
+            self.eager()
+        self.backend.restore(saved)
+        self.batches.pos.zero_()
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.eager()
+
+
+class StepTimer:
+    """Per-step times without per-step syncs: CUDA events on a GPU, the host clock on a CPU."""
+
+    def __init__(self, device: torch.device, slots: int):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                            for _ in range(slots)]
+        else:
+            self._host = [0.0] * slots
+            self._t0 = 0.0
+
+    def start(self, slot: int) -> None:
+        if self.cuda:
+            self._events[slot][0].record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self, slot: int) -> None:
+        if self.cuda:
+            self._events[slot][1].record()
+        else:
+            self._host[slot] = (time.perf_counter() - self._t0) * 1e6
+
+    def read_us(self, begin: int, end: int) -> list[float]:
+        """Step times of slots [begin, end) in µs; call after a device sync."""
+        if self.cuda:
+            return [s.elapsed_time(e) * 1e3 for s, e in self._events[begin:end]]
+        return self._host[begin:end]

@@ -1,0 +1,204 @@
+"""The training run: `train(config) -> Summary` and `step_time(config) -> Timing`.
+
+A run is a sequence of segments of steps; a segment ends at each epoch's end
+(and every `eval_every` steps). Only at a segment's end does the host wait
+for the device: it then reads the segment's losses and step times, writes
+them to the run's CSV, stops on a NaN loss, and measures test accuracy.
+
+Test accuracy is measured by one plain-torch evaluator from each backend's
+weights, in the run's dtype, so backends differ only in how they trained.
+`train_seconds` counts training steps only (not warm-up/compilation, which is
+`setup_seconds`, nor evaluation); `seconds_to_98` is train_seconds at the
+first evaluation reaching 98% test accuracy.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from autotune.provenance import provenance
+from autotune.timing import Timing, bench, bench_graph
+from kernels_cuda.contract import DTYPES
+from trainer.backends import make_backend, pick_device
+from trainer.config import Config
+from trainer.data import DeviceBatches, load_mnist
+from trainer.stepper import Stepper, StepTimer
+
+TARGET_ACCURACY = 0.98
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN (or infinite); the message names the step."""
+
+
+@dataclass
+class Summary:
+    backend: str
+    hidden: int
+    layers: int
+    batch_size: int
+    dtype: str
+    steps: int
+    epochs: float
+    test_accuracy: float
+    train_seconds: float
+    setup_seconds: float
+    seconds_to_98: float | None
+    median_step_us: float
+    final_loss: float
+    graph: bool
+    compile: str | None
+    config_source: str
+    csv: str
+    provenance: dict = field(default_factory=dict)
+
+    def as_row(self) -> dict:
+        """Flat dict (provenance columns inlined) for a CSV or a DataFrame row."""
+        row = asdict(self)
+        return {**{k: v for k, v in row.items() if k != "provenance"}, **row["provenance"]}
+
+
+@torch.no_grad()
+def accuracy(weights: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, y: torch.Tensor) -> float:
+    h = x
+    for i, (w, b) in enumerate(weights):
+        h = torch.addmm(b.to(x.dtype), h, w.to(x.dtype))
+        if i < len(weights) - 1:
+            h = torch.relu(h)
+    return (h.argmax(1) == y).float().mean().item()
+
+
+def _uses_graph(config: Config, device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    return config.torch_graph if config.backend == "torch" else config.graph
+
+
+def _eval_every(config: Config, steps_per_epoch: int) -> int:
+    if config.eval_every:
+        return config.eval_every
+    # --steps runs may be shorter than an epoch: evaluate ten times along the way.
+    return max(1, math.ceil(config.steps / 10)) if config.steps else steps_per_epoch
+
+
+def _build(config: Config):
+    device = pick_device(config)
+    data = load_mnist(config.data_dir, device, DTYPES[config.dtype], config.train_subset)
+    backend, configs = make_backend(config, device)
+    batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
+    losses = torch.zeros(batches.steps_per_epoch, dtype=torch.float32, device=device)
+    return device, data, backend, configs, batches, Stepper(backend, batches, losses)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_path(config: Config) -> Path:
+    runs = Path(config.out) / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    stem = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}_{config.backend}_h{config.hidden}"
+    path, n = runs / f"{stem}.csv", 1
+    while path.exists():  # two runs in one second keep both files
+        n += 1
+        path = runs / f"{stem}-{n}.csv"
+    return path
+
+
+def train(config: Config) -> Summary:
+    device, data, backend, configs, batches, stepper = _build(config)
+    spe = batches.steps_per_epoch
+    total = config.steps or config.epochs * spe
+    eval_every = _eval_every(config, spe)
+    graph = _uses_graph(config, device)
+
+    t0 = time.perf_counter()
+    stepper.prepare(capture=graph)
+    _sync(device)
+    setup_seconds = time.perf_counter() - t0
+    if configs is not None:
+        print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
+
+    csv_path = _run_path(config)
+    timer = StepTimer(device, spe)
+    step, train_seconds, to_98, acc = 0, 0.0, None, float("nan")
+    all_times: list[float] = []
+    last_loss = float("nan")
+    with open(csv_path, "w", newline="") as f, tqdm(total=total, disable=not config.progress,
+                                                    desc=f"{config.backend} h{config.hidden}") as bar:
+        out = csv.writer(f)
+        out.writerow(["step", "epoch", "loss", "step_time_us"])
+        epoch = 0
+        while step < total:
+            epoch += 1
+            batches.new_epoch()
+            epoch_steps, epoch_losses, epoch_seconds = min(spe, total - step), [], 0.0
+            begin = 0
+            while begin < epoch_steps:
+                end = min(epoch_steps, begin + eval_every - (step % eval_every))
+                _sync(device)
+                t = time.perf_counter()
+                for slot in range(begin, end):
+                    timer.start(slot)
+                    stepper()
+                    timer.stop(slot)
+                    bar.update()
+                _sync(device)
+                seconds = time.perf_counter() - t
+                train_seconds += seconds
+                epoch_seconds += seconds
+
+                losses = stepper.losses[begin:end].tolist()
+                times = timer.read_us(begin, end)
+                for i, (loss, us) in enumerate(zip(losses, times)):
+                    out.writerow([step + i + 1, epoch, f"{loss:.7g}", f"{us:.2f}"])
+                    if not math.isfinite(loss):
+                        f.flush()
+                        raise Diverged(f"loss became {loss} at step {step + i + 1} (epoch {epoch}); "
+                                       f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
+                step += end - begin
+                epoch_losses += losses
+                all_times += times
+                last_loss = losses[-1]
+                acc = accuracy(backend.weights(), data.test_x, data.test_y)
+                if to_98 is None and acc >= TARGET_ACCURACY:
+                    to_98 = train_seconds
+                begin = end
+            bar.write(f"epoch {epoch}: train loss {statistics.fmean(epoch_losses):.4f}  "
+                      f"test acc {acc:.2%}  {epoch_seconds:.2f}s")
+
+    summary = Summary(
+        backend=config.backend, hidden=config.hidden, layers=config.layers, batch_size=config.batch_size,
+        dtype=config.dtype, steps=step, epochs=round(step / spe, 3), test_accuracy=acc,
+        train_seconds=train_seconds, setup_seconds=setup_seconds, seconds_to_98=to_98,
+        median_step_us=statistics.median(all_times), final_loss=last_loss, graph=graph,
+        compile=config.compile, config_source=configs.sources() if configs else "n/a",
+        csv=str(csv_path), provenance=provenance(),
+    )
+    summary_path = csv_path.with_suffix(".json")
+    summary_path.write_text(json.dumps({"summary": asdict(summary), "config": asdict(config),
+                                        "kernel_configs": configs.table() if configs else None}, indent=2))
+    return summary
+
+
+def step_time(config: Config, reps: int = 200) -> Timing:
+    """Median time of one whole training step (data gather included), as trained.
+
+    A graphed step is timed as graph replays with the lab's `bench_graph`;
+    an eager one with `bench`. Both warm up first, so compilation is excluded.
+    """
+    device, _, _, _, _, stepper = _build(config)
+    if _uses_graph(config, device):
+        return bench_graph(stepper.eager, steps=reps)
+    return bench(stepper.eager, device=device, warmup=3, reps=reps, flush_l2=False, max_seconds=10.0)
