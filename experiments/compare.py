@@ -43,9 +43,9 @@ VARIANTS = {
     "torch-max-autotune": dict(backend="torch", compile="max-autotune"),
     "torch-graph": dict(backend="torch", torch_graph=True),
     "cuda-tuned": dict(backend="cuda", configs="TUNED"),
-    "cuda-default": dict(backend="cuda"),
+    "cuda-default": dict(backend="cuda", configs="none"),
     "triton-tuned": dict(backend="triton", configs="TUNED"),
-    "triton-default": dict(backend="triton"),
+    "triton-default": dict(backend="triton", configs="none"),
 }
 KEY = ("variant", "hidden", "dtype", "protocol", "steps", "commit")
 COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "protocol", "steps",

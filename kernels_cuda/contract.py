@@ -81,6 +81,10 @@ class Space:
     notes: str = ""
 
     def __post_init__(self):
+        # Launch paths check their config on every call: compile the rules once and
+        # remember verdicts, so a check costs a dict lookup, not a dozen evals.
+        object.__setattr__(self, "_rules", tuple((rule, compile(rule, rule, "eval")) for rule in self.restrictions))
+        object.__setattr__(self, "_verdicts", {})
         if set(self.default) != set(self.params):
             raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
         for name, value in self.default.items():
@@ -99,6 +103,17 @@ class Space:
 
     def violated(self, config: Mapping[str, int], elt: int, arch: int = 90) -> str | None:
         """The first rule the config breaks, or None. Never raises."""
+        try:
+            # The type is part of the key: True == 1 and 1.0 == 1, but neither is a valid tunable.
+            key = (tuple(sorted((k, type(v), v) for k, v in config.items())), elt, arch)
+            return self._verdicts[key]
+        except TypeError:  # unhashable values: judged below, never remembered
+            return self._judge(config, elt, arch)
+        except KeyError:
+            verdict = self._verdicts[key] = self._judge(config, elt, arch)
+            return verdict
+
+    def _judge(self, config: Mapping[str, int], elt: int, arch: int) -> str | None:
         unknown = set(config) - set(self.params)
         if unknown:
             return f"unknown tunable(s) {sorted(unknown)}; known: {sorted(self.params)}"
@@ -111,8 +126,8 @@ class Space:
             if value not in values:
                 return f"{name}={value} is outside the space {list(values)}"
         env = self._env(config, elt, arch)
-        for rule in self.restrictions:
-            if not eval(rule, {}, env):
+        for rule, code in self._rules:
+            if not eval(code, {}, env):
                 return f"restriction `{rule}` fails"
         return None
 

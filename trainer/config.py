@@ -32,7 +32,7 @@ class Config:
     weight_decay: float = 0.0
     dtype: str = "fp32"  # fp16/bf16: low-precision matmuls, fp32 master weights
     seed: int = 0
-    configs: str | None = None  # tuned config store (JSON) for cuda/triton
+    configs: str | None = None  # tuned config store for cuda/triton; None: experiments/<target>/best.json if it exists; "none": defaults
     target: str = "auto"
     allow_default_configs: bool = False
     data_dir: str = str(DEFAULT_DIR)
@@ -85,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help=f"default {d.dtype}")
     p.add_argument("--seed", type=int, help=f"default {d.seed}")
-    p.add_argument("--configs", help="tuned config store (JSON) for the cuda/triton kernels")
+    p.add_argument("--configs", help="tuned config store (JSON) for the cuda/triton kernels "
+                                     "(default experiments/<target>/best.json if it exists; 'none': default configs)")
     p.add_argument("--target", help=f"target the configs were tuned for (default {d.target}: the local GPU)")
     p.add_argument("--allow-default-configs", action="store_const", const=True,
                    help="if the config store is invalid, warn and run on default configs")

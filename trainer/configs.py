@@ -13,7 +13,9 @@ turns the refusal into a warning and a run on defaults.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+from autotune.provenance import REPO
 from autotune.store import StoreError, load_store
 from autotune.targets import local_gpu
 from trainer.config import Config
@@ -31,12 +33,23 @@ def target_name(target: str) -> str:
     return local[0] if local else "cpu"
 
 
+def store_path(config: Config) -> Path | None:
+    """`--configs`, else the tuner's store for this target if one was written; "none": no store."""
+    if config.configs == "none":
+        return None
+    if config.configs is not None:
+        return Path(config.configs)
+    tuned = REPO / "experiments" / target_name(config.target) / "best.json"
+    return tuned if tuned.exists() else None
+
+
 def open_store(config: Config):
     """The validated store for `config.configs`, or None (defaults everywhere)."""
-    if config.configs is None:
+    path = store_path(config)
+    if path is None:
         return None
     try:
-        return load_store(config.configs, target_name(config.target))
+        return load_store(path, target_name(config.target))
     except (StoreError, OSError) as e:
         if not config.allow_default_configs:
             raise ConfigStoreRefused(
