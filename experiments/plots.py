@@ -6,9 +6,9 @@
   vs torch eager beneath, as the seed study drew it (compare_*.csv);
 - loss_curves_<gpu>_<dtype>.png: every variant's loss curve overlaid;
 - tuned_vs_default_<gpu>.png: speedup of each tuned kernel over its default
-  config (experiments/<target>/best.json);
+  config (best.json in --tuning-dir, default experiments/<target>/);
 - search_convergence_<gpu>.png: best-so-far vs trial per tuning study
-  (experiments/<target>/trials.csv);
+  (trials.csv in --tuning-dir);
 - roofline_<gpu>.png: the kernels against the measured ceilings
   (kernels_<gpu>.csv).
 A plot whose input is missing is skipped with a message.
@@ -70,8 +70,8 @@ def loss_curves(gpu: str) -> list[Path]:
     return made
 
 
-def tuned_vs_default(gpu: str, target: str) -> list[Path]:
-    store = EXPERIMENTS / target / "best.json"
+def tuned_vs_default(gpu: str, target: str, tuning: Path) -> list[Path]:
+    store = tuning / "best.json"
     if not store.exists():
         return []
     entries = json.loads(store.read_text())["entries"]
@@ -88,8 +88,8 @@ def tuned_vs_default(gpu: str, target: str) -> list[Path]:
     return [save(fig, f"tuned_vs_default_{gpu}.png")]
 
 
-def search_convergence(gpu: str, target: str) -> list[Path]:
-    trials = EXPERIMENTS / target / "trials.csv"
+def search_convergence(gpu: str, target: str, tuning: Path) -> list[Path]:
+    trials = tuning / "trials.csv"
     if not trials.exists():
         return []
     df = pd.read_csv(trials)
@@ -149,13 +149,16 @@ def save(fig, name: str) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Draw the lab's plots from the committed CSVs.")
     ap.add_argument("--gpu", default="h200", help="device slug in the CSV names")
-    ap.add_argument("--target", default="sm_90", help="tuning target folder under experiments/")
+    ap.add_argument("--target", default="sm_90", help="tuning target (names the plots)")
+    ap.add_argument("--tuning-dir", type=Path, default=None,
+                    help="folder with the tuner's trials.csv and best.json (default experiments/<target>)")
     args = ap.parse_args(argv)
+    tuning = args.tuning_dir or EXPERIMENTS / args.target
     makers = {
         "step time": lambda: step_time(args.gpu),
         "loss curves": lambda: loss_curves(args.gpu),
-        "tuned vs default": lambda: tuned_vs_default(args.gpu, args.target),
-        "search convergence": lambda: search_convergence(args.gpu, args.target),
+        "tuned vs default": lambda: tuned_vs_default(args.gpu, args.target, tuning),
+        "search convergence": lambda: search_convergence(args.gpu, args.target, tuning),
         "roofline": lambda: roofline(args.gpu),
     }
     for name, make in makers.items():

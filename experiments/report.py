@@ -50,6 +50,8 @@ def kernels_section(gpu: str) -> list[str]:
     failed = df[(df.status != "ok") & df.status.notna()]
     lines = [f"### Kernels at their default configs ({_provenance(df)})", "",
              "`python -m experiments.bench_kernels` — 256M fp32 elements; L2 flushed between repetitions.", "",
+             "Config labels are as of the commit named; `default` means the default at that commit "
+             "(experiments/NOTES.md, section 1).", "",
              _table(ew_t), "", "Matmul 4096³ (cuBLAS through torch in the same run; fp32 with TF32 off):", "",
              _table(gemm_t), ""]
     mlp = ok[ok.group == "mlp"]
@@ -57,8 +59,13 @@ def kernels_section(gpu: str) -> list[str]:
         piv = mlp.pivot_table(index=["dtype", "backend"], values="vs_torch", aggfunc="median").reset_index()
         piv["vs_torch"] = piv.vs_torch.map("{:.2f}".format)
         lines += [f"MLP-shaped GEMMs ({mlp['shape'].nunique()} shapes: batch 32/128/1024 × 784/1024/4096 → "
-                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS.", "",
+                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS, per call. "
+                  "At these sizes the figure is the Python wrapper's launch cost, not the kernel's "
+                  "(experiments/NOTES.md, section 3).", "",
                   _table(piv.rename(columns={"vs_torch": "median vs cuBLAS"})), ""]
+    plot = RESULTS / f"roofline_{gpu}.png"
+    if plot.exists():
+        lines += [f"![kernels vs the measured ceilings]({plot.relative_to(README.parent)})", ""]
     if len(failed):
         lines += [f"{len(failed)} case(s) failed their correctness check and were not timed; see the CSV.", ""]
     return lines
