@@ -44,6 +44,7 @@ and `space(op, dtype) -> Space` (dtype "fp32", "fp16" or "bf16").
 from __future__ import annotations
 
 import itertools
+import numbers
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -224,3 +225,42 @@ def matrix_layout(t: torch.Tensor, transposed: bool) -> tuple[torch.Tensor, bool
         return t, False, max(s_cols, 1) if cols > 1 else max(rows, 1)
     t = t.contiguous()
     return matrix_layout(t, transposed)
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def check_sgd_args(params, grads, momentum_bufs, lr, momentum, weight_decay):
+    """Checked (params, grads, bufs, lr, momentum, weight_decay) for sgd_update.
+
+    `bufs[i]` is None when momentum is 0. Every tensor is checked before the
+    caller touches any, so a bad list never half-applies a step. Params and
+    buffers are updated in place, so they must be contiguous float32.
+    """
+    lr, momentum, weight_decay = _real("lr", lr), _real("momentum", momentum), _real("weight_decay", weight_decay)
+    for name, seq in (("params", params), ("grads", grads)):
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"{name}: expected a list of tensors, got {type(seq).__name__}")
+    if len(grads) != len(params):
+        raise ValueError(f"grads: {len(grads)} tensors for {len(params)} params")
+    if momentum:
+        if not isinstance(momentum_bufs, (list, tuple)) or len(momentum_bufs) != len(params):
+            raise ValueError("momentum_bufs: momentum != 0 needs one float32 buffer per param")
+        bufs = list(momentum_bufs)
+    else:
+        bufs = [None] * len(params)
+    for i, (p, g, b) in enumerate(zip(params, grads, bufs)):
+        check_tensor(f"params[{i}]", p, dtypes=(torch.float32,), device=params[0].device if i else None)
+        if not p.is_contiguous():
+            raise ValueError(f"params[{i}]: must be contiguous to be updated in place")
+        check_tensor(f"grads[{i}]", g, dtypes=tuple(DTYPES.values()), device=p.device)
+        if g.shape != p.shape:
+            raise ValueError(f"grads[{i}]: shape {tuple(g.shape)} differs from params[{i}]'s {tuple(p.shape)}")
+        if b is not None:
+            check_tensor(f"momentum_bufs[{i}]", b, dtypes=(torch.float32,), device=p.device)
+            if b.shape != p.shape or not b.is_contiguous():
+                raise ValueError(f"momentum_bufs[{i}]: expected a contiguous tensor of shape {tuple(p.shape)}")
+    return list(params), list(grads), bufs, lr, momentum, weight_decay

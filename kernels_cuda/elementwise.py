@@ -2,12 +2,11 @@
 shared search space."""
 from __future__ import annotations
 
-import numbers
 
 import torch
 
 from . import _runtime as rt
-from .contract import DTYPES, Space, check_activation, check_tensor, check_same_dtype, dtype_name
+from .contract import DTYPES, Space, check_activation, check_sgd_args, check_tensor, check_same_dtype, dtype_name
 
 _DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
 _FLOATS = tuple(DTYPES.values())
@@ -116,50 +115,20 @@ def bias_add(x, bias, *, activation=None, out=None, config=None):
     return out
 
 
-def _number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
-    return float(v)
-
-
 def sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0.0, config=None):
-    lr = _number("lr", lr)
-    momentum = _number("momentum", momentum)
-    weight_decay = _number("weight_decay", weight_decay)
-    params, grads = list(params), list(grads)
-    if len(grads) != len(params):
-        raise ValueError(f"grads: {len(grads)} tensors for {len(params)} params")
-    if momentum:
-        momentum_bufs = None if momentum_bufs is None else list(momentum_bufs)
-        if momentum_bufs is None or len(momentum_bufs) != len(params):
-            raise ValueError("momentum_bufs: one float32 buffer per param is needed when momentum != 0")
+    params, grads, bufs, lr, momentum, weight_decay = check_sgd_args(
+        params, grads, momentum_bufs, lr, momentum, weight_decay)
     if not params:
         return None
-    dev, cfg = None, None
-    for i, (p, g) in enumerate(zip(params, grads)):
-        check_tensor(f"params[{i}]", p, dtypes=(torch.float32,))
-        rt.check_cuda(f"params[{i}]", p)
-        if dev is None:
-            dev = p.device.index
-            arch, _ = rt.device_props(dev)
-            cfg = rt.resolve(SPACE, config, 4, arch)
-        check_tensor(f"params[{i}]", p, device=params[0].device)
-        if not p.is_contiguous():
-            raise ValueError(f"params[{i}]: must be contiguous to be updated in place")
-        check_tensor(f"grads[{i}]", g, dtypes=_FLOATS, device=p.device)
-        if tuple(g.shape) != tuple(p.shape):
-            raise ValueError(f"grads[{i}]: shape {tuple(g.shape)} differs from params[{i}]'s {tuple(p.shape)}")
-        if momentum:
-            b = momentum_bufs[i]
-            check_tensor(f"momentum_bufs[{i}]", b, dtypes=(torch.float32,), device=p.device)
-            if tuple(b.shape) != tuple(p.shape) or not b.is_contiguous():
-                raise ValueError(f"momentum_bufs[{i}]: expected a contiguous tensor of shape {tuple(p.shape)}")
-    for i, (p, g) in enumerate(zip(params, grads)):
+    rt.check_cuda("params[0]", params[0])
+    dev = params[0].device.index
+    arch, _ = rt.device_props(dev)
+    cfg = rt.resolve(SPACE, config, 4, arch)
+    for p, g, buf in zip(params, grads, bufs):
         n = p.numel()
         if n == 0:
             continue
         g = g.contiguous()
-        buf = momentum_bufs[i] if momentum else None
         vec = rt.pick_vec(cfg["VEC"], 4, (p,) if buf is None else (p, buf))
         vec = rt.pick_vec(vec, g.element_size(), (g,))
         variant = _variant("sgd_kernel", dtype_name(g.dtype), cfg, vec, int(bool(momentum)))

@@ -18,7 +18,6 @@ recompile (a captured CUDA graph still bakes in the values it was captured with)
 """
 from __future__ import annotations
 
-import numbers
 
 import torch
 import triton
@@ -63,42 +62,14 @@ SPACES = {
 }
 
 
-def _check_scalar(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
-    return float(value)
-
-
 def plan_sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0.0, config=None):
-    lr = _check_scalar("lr", lr)
-    momentum = _check_scalar("momentum", momentum)
-    weight_decay = _check_scalar("weight_decay", weight_decay)
-    for name, seq in (("params", params), ("grads", grads)):
-        if not isinstance(seq, (list, tuple)):
-            raise TypeError(f"{name}: expected a list of tensors, got {type(seq).__name__}")
-    if len(grads) != len(params):
-        raise ValueError(f"grads: {len(grads)} tensors for {len(params)} params")
-    if momentum:
-        if not isinstance(momentum_bufs, (list, tuple)) or len(momentum_bufs) != len(params):
-            raise ValueError("momentum_bufs: momentum != 0 needs one float32 buffer per param")
+    params, grads, bufs, lr, momentum, weight_decay = contract.check_sgd_args(
+        params, grads, momentum_bufs, lr, momentum, weight_decay)
+    if params:
+        rt.check_device("params[0]", params[0])
     plans = []
-    device = None
-    for i, (p, g) in enumerate(zip(params, grads)):
-        contract.check_tensor(f"params[{i}]", p, dtypes=(torch.float32,), device=device)
-        if device is None:  # the first param sets the device for all
-            rt.check_device(f"params[{i}]", p)
-            device = p.device
-        contract.check_tensor(f"grads[{i}]", g, dtypes=tuple(contract.DTYPES.values()), device=device)
-        if g.shape != p.shape:
-            raise ValueError(f"grads[{i}]: shape {tuple(g.shape)} differs from params[{i}]'s {tuple(p.shape)}")
-        if not p.is_contiguous():
-            raise ValueError(f"params[{i}]: must be contiguous (updated in place as flat memory)")
-        buf = None
-        if momentum:
-            buf = momentum_bufs[i]
-            contract.check_tensor(f"momentum_bufs[{i}]", buf, dtypes=(torch.float32,), device=device)
-            if buf.shape != p.shape or not buf.is_contiguous():
-                raise ValueError(f"momentum_bufs[{i}]: must be contiguous with shape {tuple(p.shape)}")
+    for p, g, buf in zip(params, grads, bufs):
+        device = p.device
         g = rt.flat_input(g)
         dtype = contract.dtype_name(g.dtype)
         cfg = rt.resolve(SPACES[dtype], config, g.element_size(), device)
