@@ -34,11 +34,8 @@ from . import _runtime as rt
 
 
 @triton.jit
-def _elementwise_kernel(
-    x_ptr, other_ptr, y_ptr, n, ncols,
-    OP: tl.constexpr, RELU: tl.constexpr, INT64: tl.constexpr,
-    BLOCK: tl.constexpr, VEC: tl.constexpr,
-):
+def flat_block(n, INT64: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """This program's offsets into a flat array of n elements, and their mask."""
     pid = tl.program_id(0)
     if INT64:
         pid = pid.to(tl.int64)
@@ -46,7 +43,16 @@ def _elementwise_kernel(
     if VEC > 1:  # a hint of 1 would overwrite what the compiler already knows
         offs = tl.max_contiguous(tl.multiple_of(offs, VEC), VEC)
     # The wrapper guarantees VEC | n; rewriting n this way lets the compiler see it.
-    mask = offs < (n // VEC) * VEC
+    return offs, offs < (n // VEC) * VEC
+
+
+@triton.jit
+def _elementwise_kernel(
+    x_ptr, other_ptr, y_ptr, n, ncols,
+    OP: tl.constexpr, RELU: tl.constexpr, INT64: tl.constexpr,
+    BLOCK: tl.constexpr, VEC: tl.constexpr,
+):
+    offs, mask = flat_block(n, INT64, BLOCK, VEC)
     x = tl.load(x_ptr + offs, mask=mask)
     if OP == "relu_backward":
         y = tl.load(other_ptr + offs, mask=mask)

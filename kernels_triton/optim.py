@@ -26,6 +26,7 @@ import triton.language as tl
 from kernels_cuda import contract
 
 from . import _runtime as rt
+from .elementwise import flat_block
 
 
 @triton.jit
@@ -34,13 +35,7 @@ def _sgd_kernel(
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, INT64: tl.constexpr,
     BLOCK: tl.constexpr, VEC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if INT64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    if VEC > 1:  # a hint of 1 would overwrite what the compiler already knows
-        offs = tl.max_contiguous(tl.multiple_of(offs, VEC), VEC)
-    mask = offs < (n // VEC) * VEC  # VEC | n, made visible to the compiler
+    offs, mask = flat_block(n, INT64, BLOCK, VEC)
     p = tl.load(p_ptr + offs, mask=mask)
     d = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
     if HAS_WEIGHT_DECAY:
