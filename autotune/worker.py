@@ -148,12 +148,11 @@ class Runner:
         path around it (which a trainer replaying graphs does not pay either).
         An op that cannot be captured is timed call by call.
         """
-        from autotune.timing import Timing, bench, bench_graph
+        from autotune.timing import bench, bench_in_graph
 
         if device.type == "cuda":
             try:
-                t = bench_graph(lambda: [call() for _ in range(GRAPH_CALLS)], steps=max(5, reps // 5))
-                return Timing(t.median_ms / GRAPH_CALLS, t.p20_ms / GRAPH_CALLS, t.p80_ms / GRAPH_CALLS, t.reps)
+                return bench_in_graph(call, calls=GRAPH_CALLS, reps=reps)
             except Exception:  # not capturable: fall back to timing launches
                 traceback.print_exc(file=sys.stderr)
                 self.torch.cuda.synchronize(device)

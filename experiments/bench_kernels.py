@@ -3,8 +3,12 @@
     python -m experiments.bench_kernels [--quick] [--only elementwise,gemm,mlp]
 
 Every case is checked against a reference before it is timed (a wrong kernel
-is reported as such and never timed). Times are medians of many repetitions
-with L2 flushed between them (autotune.timing.bench). Writes
+is reported as such and never timed). Two times per row, both medians of many
+repetitions: `time_ms`, one call at a time with L2 flushed between calls
+(autotune.timing.bench: what an eager caller pays, Python wrapper included),
+and `graph_ms`, ten calls replayed as one CUDA graph (autotune.timing.
+bench_in_graph: the kernel's own time, as inside a graphed training step).
+For small shapes the two differ by the host's launch cost. Writes
 experiments/results/kernels_<gpu>.csv, one row per (case, backend), with the
 provenance columns, and prints a table.
 
@@ -25,7 +29,7 @@ from pathlib import Path
 import torch
 
 from autotune.provenance import device_slug, provenance
-from autotune.timing import bench
+from autotune.timing import bench, bench_in_graph
 from kernels_cuda.reference import exact, native
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -121,7 +125,7 @@ def check(case: Case, out: torch.Tensor, args, kw) -> str | None:
 
 def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[dict]:
     args, kw, nbytes, work = make_call(case, gen, device)
-    rows, torch_ms = [], None
+    rows, torch_ms, torch_graph_ms = [], None, None
     for backend, module in backends.items():
         variants = case.configs.get(backend, [("default", None)]) if backend != "torch" else [("cuBLAS/aten", None)]
         for label, config in variants:
@@ -141,18 +145,24 @@ def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[
                            error=problem[:300])
                 rows.append(row)
                 continue
-            t = bench(lambda: fn_op(*args, **kw, **extra), max_seconds=1.0, reps=50 if work and work > 1e11 else 100)
-            row.update(status="ok", error="", **t.as_row(), gbps=nbytes / t.median_ms / 1e6)
+            call = lambda: fn_op(*args, **kw, **extra)  # noqa: E731
+            big = work and work > 1e11
+            t = bench(call, max_seconds=1.0, reps=50 if big else 100)
+            g = bench_in_graph(call, calls=2 if big or case.group == "elementwise" else 10)
+            row.update(status="ok", error="", **t.as_row(), gbps=nbytes / t.median_ms / 1e6,
+                       graph_ms=g.median_ms, graph_gbps=nbytes / g.median_ms / 1e6)
             if work:
                 row["tflops"] = work / t.median_ms / 1e9
+                row["graph_tflops"] = work / g.median_ms / 1e9
             else:
                 row["pct_of_copy"] = 100.0 * row["gbps"] / copy_gbps
             if backend == "torch":
-                torch_ms = t.median_ms
+                torch_ms, torch_graph_ms = t.median_ms, g.median_ms
             rows.append(row)
     for row in rows:
         if torch_ms and row.get("status") == "ok":
             row["vs_torch"] = torch_ms / row["time_ms"]
+            row["graph_vs_torch"] = torch_graph_ms / row["graph_ms"]
     return rows
 
 
@@ -203,7 +213,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
                "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
-               *prov]
+               "graph_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", *prov]
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -220,7 +230,7 @@ def _fmt(v, spec):
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'op':14} {'backend':7} {'dt':4} {'shape':22} {'config':9} {'ms':>9} {'GB/s':>7} {'%copy':>6} "
-          f"{'TFLOP/s':>8} {'vs torch':>8}")
+          f"{'TFLOP/s':>8} {'vs torch':>8} {'graph ms':>9} {'g vs torch':>10}")
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['op']:14} {r['backend']:7} {r['dtype']:4} {r['shape']:22} {r.get('config_label', ''):9} "
@@ -228,7 +238,8 @@ def print_table(rows: list[dict]) -> None:
             continue
         print(f"{r['op']:14} {r['backend']:7} {r['dtype']:4} {r['shape']:22} {r.get('config_label', ''):9} "
               f"{_fmt(r.get('time_ms'), '9.4f')} {_fmt(r.get('gbps'), '7.0f')} {_fmt(r.get('pct_of_copy'), '6.1f')} "
-              f"{_fmt(r.get('tflops'), '8.1f')} {_fmt(r.get('vs_torch'), '8.2f')}")
+              f"{_fmt(r.get('tflops'), '8.1f')} {_fmt(r.get('vs_torch'), '8.2f')} "
+              f"{_fmt(r.get('graph_ms'), '9.4f')} {_fmt(r.get('graph_vs_torch'), '10.2f')}")
 
 
 if __name__ == "__main__":
