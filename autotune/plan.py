@@ -54,7 +54,8 @@ def split_list(text: str, allowed, what: str) -> list[str]:
 def build_plan(args: argparse.Namespace) -> Plan:
     target = resolve_target(args.target, compile_only=args.compile_only)
     ops = split_list(args.ops, OPS, "ops")
-    dtypes = split_list(args.dtypes, tuple(DTYPES), "dtypes")
+    # The workload's default is the trainer's default dtype, so a plain run tunes what it trains.
+    dtypes = split_list(args.dtypes or ("fp16" if args.shapes else "fp32"), tuple(DTYPES), "dtypes")
     names = split_list(args.backends, tuple(backends.registry()), "backends")
     plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes)
     shapes = parse_shapes(args.shapes) if args.shapes else None

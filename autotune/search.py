@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
     p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
                    "more via AUTOTUNE_BACKENDS=name=module)")
-    p.add_argument("--dtypes", default="fp16", help="comma-separated of fp32,fp16,bf16 (default fp16)")
+    p.add_argument("--dtypes", default=None,
+                   help="comma-separated of fp32,fp16,bf16 (default: fp32, the trainer's, for --workload; "
+                        "else fp16)")
     p.add_argument("--workload", default="mnist-mlp", choices=["mnist-mlp"],
                    help="shapes of the trainer's calls (ignored with --shapes)")
     p.add_argument("--hidden", type=int, default=1024)
