@@ -151,7 +151,7 @@ class Search:
         runner = StudyRunner(study, view, self.budget, check,
                              make_row=lambda config, result, number: self.make_row(
                                  job, name, baselines, config, result, number),
-                             record=self.record, ordinal=self.args.sampler == "cmaes",
+                             record=self.record, ordinal=self.args.sampler in studies.ORDINAL_SAMPLERS,
                              lock=self.lock, heartbeat=self.heartbeat)
         return name, view, study, runner, baselines
 

@@ -59,6 +59,13 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                                       grace_period=GRACE_S)
 
 
+# Samplers that see tunables as ordered (an index into the sorted values) rather than as
+# unordered categories. CMA-ES has no categorical support at all; for TPE, replaying the
+# H200's measured grid (experiments/NOTES.md, section 7) showed that knowing 64 lies between
+# 32 and 128 lets it reach the best tiles in fewer trials than categories do.
+ORDINAL_SAMPLERS = ("tpe", "cmaes", "gp")
+
+
 def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
                  parallel: bool = False) -> optuna.samplers.BaseSampler:
     if name == "tpe":
@@ -164,7 +171,7 @@ class StudyRunner:
     check: Callable[[dict], str | None]  # why a config cannot run, or None
     make_row: Callable[[dict, dict, int], dict]  # (config, result, trial number) -> CSV row
     record: Callable[[dict], None] = lambda row: None
-    ordinal: bool = False  # CMA-ES: suggest value indices (it has no categorical support)
+    ordinal: bool = False  # suggest value indices instead of categories (see ORDINAL_SAMPLERS)
     lock: threading.Lock = field(default_factory=threading.Lock)
     heartbeat: "Heartbeat | None" = None
     invalid: int = 0

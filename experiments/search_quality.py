@@ -122,7 +122,7 @@ def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, bud
     study = optuna.create_study(sampler=studies.make_sampler(sampler, seed, values), direction="minimize")
     runner = studies.StudyRunner(
         study, view, budget, check=lambda c: None if studies.config_key(c) in times else "not in the measured grid",
-        make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler == "cmaes")
+        make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler in studies.ORDINAL_SAMPLERS)
     curve, best = [], math.inf
     while (candidate := runner.next_candidate()) is not None:
         t = times[studies.config_key(candidate.config)]
