@@ -90,9 +90,10 @@ def compare_section(gpu: str) -> list[str]:
                   f"`python -m experiments.compare --protocol {proto} --dtype {df.dtype.iloc[0]}` — median step "
                   "time (data gather included), compilation excluded.", "",
                   _table(piv.reset_index()), ""]
-        plot = RESULTS / f"step_time_{gpu}_{df.dtype.iloc[0]}.png"
-        if proto == "seed" and plot.exists():
-            lines += [f"![step time vs H]({plot.relative_to(README.parent)})", ""]
+        for name, alt in (("step_time", "step time vs H"), ("loss_curves", "loss curves")):
+            plot = RESULTS / f"{name}_{gpu}_{df.dtype.iloc[0]}.png"
+            if proto == "seed" and plot.exists():
+                lines += [f"![{alt}]({plot.relative_to(README.parent)})", ""]
     return lines
 
 
