@@ -1,8 +1,11 @@
 """Tune the kernel twins' configs with Optuna: `python -m autotune.search --help`.
 
 Every trial runs in a worker subprocess (autotune.worker): compile, check
-against the float64 reference on fresh random inputs, time with
-autotune.timing.bench. Results go to <out>/<target>/trials.csv (a row per
+against the float64 reference on fresh random inputs, time (on a GPU, ten calls
+replayed as one CUDA graph, autotune.timing.bench_in_graph: the kernel's own
+time with inputs warm in L2, as inside a graphed training step; per call with
+L2 flushed, autotune.timing.bench, for an op that cannot be captured or on the
+CPU). Results go to <out>/<target>/trials.csv (a row per
 trial, flushed as it ends), the Optuna storage (committed per trial), and
 <out>/<target>/best.json (the winners, rewritten atomically after each study).
 Re-running a command resumes it; a SIGKILL loses at most the trials in flight.

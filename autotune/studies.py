@@ -1,8 +1,9 @@
 """Optuna plumbing shared by the search and the search-quality replay.
 
-One study per (target, op, backend, dtype, shape). Each tunable is a
-categorical over the values that appear in at least one valid config of the
-target. A suggestion that breaks a rule is told to Optuna as PRUNED at once
+One study per (target, op, backend, dtype, shape). Each tunable ranges over
+the values that appear in at least one valid config of the target: as an
+index into its sorted values for the samplers that model order
+(ORDINAL_SAMPLERS), as a categorical for the others. A suggestion that breaks a rule is told to Optuna as PRUNED at once
 (TPE ranks pruned trials below every completed one, so it learns to avoid
 such regions) and costs no budget; so does every failed trial, with its real
 outcome kept in the trial's user attributes. A config already measured in the

@@ -137,12 +137,11 @@ def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[
             try:
                 out = fn_op(*args, **kw, **extra)
                 torch.cuda.synchronize()
-                problem = check(case, out, args, kw)
+                status, problem = "wrong_result", check(case, out, args, kw)
             except Exception as exc:  # a failing kernel is a result to report, not a crash
-                problem = f"{type(exc).__name__}: {exc}"
+                status, problem = "error", f"{type(exc).__name__}: {exc}"
             if problem:
-                row.update(status="wrong_result" if "error" in problem or "differ" in problem else "error",
-                           error=problem[:300])
+                row.update(status=status, error=problem[:300])
                 rows.append(row)
                 continue
             call = lambda: fn_op(*args, **kw, **extra)  # noqa: E731

@@ -60,10 +60,12 @@ def kernels_section(gpu: str) -> list[str]:
         piv = mlp.pivot_table(index=["dtype", "backend"], values=values, aggfunc="median").reset_index()
         for c in values:
             piv[c] = piv[c].map("{:.2f}".format)
+        graphed = ("; the graph-replay column times calls replayed in a CUDA graph, the kernels' own time"
+                   if "graph_vs_torch" in values else "; this run predates the graph-replay timing")
         lines += [f"MLP-shaped GEMMs ({mlp['shape'].nunique()} shapes: batch 32/128/1024 × 784/1024/4096 → "
-                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS. Per call "
-                  "(`vs_torch`), small shapes measure the Python wrapper's launch cost, not the kernel; "
-                  "`graph_vs_torch` times calls replayed in a CUDA graph (experiments/NOTES.md, section 3).", "",
+                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS. Per call, small "
+                  f"shapes measure the Python wrapper's launch cost, not the kernel{graphed} "
+                  "(experiments/NOTES.md, section 3).", "",
                   _table(piv.rename(columns={"vs_torch": "per call vs cuBLAS",
                                              "graph_vs_torch": "graph replay vs cuBLAS"})), ""]
     plot = RESULTS / f"roofline_{gpu}.png"
@@ -97,7 +99,7 @@ def compare_section(gpu: str) -> list[str]:
     return lines
 
 
-def tuning_section(target: str) -> list[str]:
+def tuning_section(gpu: str, target: str) -> list[str]:
     path = EXPERIMENTS / target / "trials.csv"
     if not path.exists():
         return []
@@ -107,14 +109,14 @@ def tuning_section(target: str) -> list[str]:
              f"`python -m autotune.search --workload mnist-mlp` — {len(df)} trials in "
              f"{df.study.nunique()} studies; outcomes: "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".", ""]
-    plot = RESULTS / "tuned_vs_default_h200.png"
+    plot = RESULTS / f"tuned_vs_default_{gpu}.png"
     if plot.exists():
         lines += [f"![tuned vs default]({plot.relative_to(README.parent)})", ""]
     return lines
 
 
 def render(gpu: str, target: str) -> str:
-    lines = kernels_section(gpu) + tuning_section(target) + compare_section(gpu)
+    lines = kernels_section(gpu) + tuning_section(gpu, target) + compare_section(gpu)
     if not lines:
         lines = ["No results yet: run the experiments on a GPU (see above)."]
     return "\n".join([BEGIN, "", *lines, END])

@@ -138,6 +138,7 @@ def pick_vec(vec: int, elt: int, tensors=(), multiples=()) -> int:
 # ------------------------------------------------------------------ compile cache + launch
 
 _functions: dict[tuple[str, str, int], object] = {}
+_smem_allowed: dict[tuple[str, str, int], int] = {}  # dynamic smem each function was opened up to
 _streams: dict[tuple[int, int], object] = {}
 _launched: dict[tuple[str, str], tuple[int, object]] = {}
 
@@ -151,13 +152,14 @@ def function(variant: Variant, device: int, smem: int):
             module = cp.RawModule(code=source(variant.source), options=NVRTC_OPTIONS,
                                   name_expressions=[variant.name_expr])
             fn = module.get_function(variant.name_expr)
-            if smem > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = smem
         _functions[key] = fn
+        _smem_allowed[key] = 48 * 1024
         _launched[(variant.source, variant.name_expr)] = (smem, fn)
-    elif smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+    # Remembered here rather than read back: reading the attribute is a driver call per launch.
+    if smem > _smem_allowed[key]:
         with cupy().cuda.Device(device):
             fn.max_dynamic_shared_size_bytes = smem
+        _smem_allowed[key] = smem
     return fn
 
 

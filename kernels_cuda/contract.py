@@ -85,7 +85,10 @@ class Space:
         # Launch paths check their config on every call: compile the rules once and
         # remember verdicts, so a check costs a dict lookup, not a dozen evals.
         object.__setattr__(self, "_rules", tuple((rule, compile(rule, rule, "eval")) for rule in self.restrictions))
+        object.__setattr__(self, "_cost_code", (compile(self.threads, "threads", "eval"),
+                                                compile(self.smem_bytes, "smem_bytes", "eval")))
         object.__setattr__(self, "_verdicts", {})
+        object.__setattr__(self, "_costs", {})
         if set(self.default) != set(self.params):
             raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
         for name, value in self.default.items():
@@ -95,18 +98,23 @@ class Space:
     def _env(self, config: Mapping[str, int], elt: int, arch: int) -> dict:
         return {**config, "elt": elt, "arch": arch}
 
+    @staticmethod
+    def _key(config: Mapping[str, int], elt: int, arch: int) -> tuple:
+        # The type is part of the key: True == 1 and 1.0 == 1, but neither is a valid tunable.
+        return tuple(sorted((k, type(v), v) for k, v in config.items())), elt, arch
+
     def cost(self, config: Mapping[str, int], elt: int, arch: int = 90) -> dict[str, int]:
-        env = self._env(config, elt, arch)
-        return {
-            "threads": int(eval(self.threads, {}, env)),
-            "smem_bytes": int(eval(self.smem_bytes, {}, env)),
-        }
+        key = self._key(config, elt, arch)
+        if key not in self._costs:
+            env = self._env(config, elt, arch)
+            threads, smem = (int(eval(code, {}, env)) for code in self._cost_code)
+            self._costs[key] = {"threads": threads, "smem_bytes": smem}
+        return dict(self._costs[key])
 
     def violated(self, config: Mapping[str, int], elt: int, arch: int = 90) -> str | None:
         """The first rule the config breaks, or None. Never raises."""
         try:
-            # The type is part of the key: True == 1 and 1.0 == 1, but neither is a valid tunable.
-            key = (tuple(sorted((k, type(v), v) for k, v in config.items())), elt, arch)
+            key = self._key(config, elt, arch)
             return self._verdicts[key]
         except TypeError:  # unhashable values: judged below, never remembered
             return self._judge(config, elt, arch)

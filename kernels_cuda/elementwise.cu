@@ -150,7 +150,9 @@ sgd_kernel(float* p, const typename Elt<DT>::T* g, float* buf, float lr, float m
         if (v < nvec) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                float d = E::load(gg[i].v[j]) + weight_decay * pp[i].v[j];
+                float d = E::load(gg[i].v[j]);
+                // Skipped, not multiplied by 0, when off: 0 * inf would turn an inf param into NaN.
+                if (weight_decay != 0.f) d += weight_decay * pp[i].v[j];
                 if (MOMENTUM) {
                     d = momentum * bb[i].v[j] + d;
                     bb[i].v[j] = d;
@@ -163,7 +165,8 @@ sgd_kernel(float* p, const typename Elt<DT>::T* g, float* buf, float lr, float m
     }
     i64 t = tail_index<VEC>(n);
     if (t < n) {
-        float d = E::load(g[t]) + weight_decay * p[t];
+        float d = E::load(g[t]);
+        if (weight_decay != 0.f) d += weight_decay * p[t];
         if (MOMENTUM) {
             d = momentum * buf[t] + d;
             buf[t] = d;

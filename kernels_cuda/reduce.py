@@ -86,16 +86,19 @@ def softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
         out_grad = torch.empty((nrows, ncols), dtype=logits.dtype, device=logits.device)
     else:
         check_tensor("out_grad", out_grad, ndim=2, dtypes=(logits.dtype,), device=logits.device)
-        if tuple(out_grad.shape) != (nrows, ncols) or not out_grad.is_contiguous():
-            raise ValueError(f"out_grad: expected a contiguous tensor of shape {(nrows, ncols)}, "
-                             f"got {tuple(out_grad.shape)}")
+        if tuple(out_grad.shape) != (nrows, ncols):
+            raise ValueError(f"out_grad: expected a tensor of shape {(nrows, ncols)}, got {tuple(out_grad.shape)}")
     if nrows == 0:  # torch's mean over no rows
         return torch.full((), float("nan"), dtype=torch.float32, device=logits.device), out_grad
     loss = torch.zeros((), dtype=torch.float32, device=logits.device)
     logits, labels = logits.contiguous(), labels.contiguous()
-    vec = rt.pick_vec(cfg["VEC"], logits.element_size(), (logits, out_grad), (ncols,))
+    # The kernel writes rows of ncols contiguous values; a strided view gets them by one copy.
+    grad = out_grad if out_grad.is_contiguous() else torch.empty_like(out_grad, memory_format=torch.contiguous_format)
+    vec = rt.pick_vec(cfg["VEC"], logits.element_size(), (logits, grad), (ncols,))
     rt.launch(softmax_xent_variant(dtype_name(logits.dtype), cfg, vec), dev, (nrows, 1, 1),
               (32 * cfg["num_warps"], 1, 1),
-              (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(out_grad), rt.i64(ncols),
+              (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(grad), rt.i64(ncols),
                rt.f32(1.0 / nrows)))
+    if grad is not out_grad:
+        out_grad.copy_(grad)
     return loss, out_grad

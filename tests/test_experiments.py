@@ -8,10 +8,9 @@ def test_readme_results_section_matches_the_committed_csvs():
     assert report.main(["--check"]) == 0, "README is stale: run python -m experiments.report"
 
 
-def test_bench_check_refuses_a_wrong_matmul_and_passes_a_right_one():
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+def test_bench_check_refuses_a_wrong_matmul_and_passes_a_right_one(rng):
     case = bench_kernels.Case("mlp", "matmul", "fp32", (33, 17, 129), "tn", {"bias": True, "activation": "relu"})
-    args, kw, nbytes, work = bench_kernels.make_call(case, gen, torch.device("cpu"))
+    args, kw, nbytes, work = bench_kernels.make_call(case, rng, torch.device("cpu"))
     assert args[0].shape == (129, 33) and work == 2 * 33 * 17 * 129
     right = torch.relu(args[0].t() @ args[1] + kw["bias"])
     assert bench_kernels.check(case, right, args, kw) is None
@@ -20,10 +19,9 @@ def test_bench_check_refuses_a_wrong_matmul_and_passes_a_right_one():
     assert "relative error" in bench_kernels.check(case, wrong, args, kw)
 
 
-def test_bench_check_of_elementwise_ops_is_exact():
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+def test_bench_check_of_elementwise_ops_is_exact(rng):
     case = bench_kernels.Case("elementwise", "relu_backward", "fp32", (7, 129))
-    args, kw, nbytes, _ = bench_kernels.make_call(case, gen, torch.device("cpu"))
+    args, kw, nbytes, _ = bench_kernels.make_call(case, rng, torch.device("cpu"))
     assert nbytes == 3 * 7 * 129 * 4
     out = torch.where(args[1] <= 0, 0.0, args[0])
     assert bench_kernels.check(case, out, args, kw) is None
