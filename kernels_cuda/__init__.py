@@ -82,8 +82,11 @@ def compile_report(op: str, dtype: str, config=None, arch: int = 90) -> dict:
 
 
 def resource_report(op: str, dtype: str, config=None) -> dict | None:
+    """Resources of the kernel the last call of `op` with this config launched on this GPU
+    (its layout, epilogue and vector width included), or None before any such call."""
     import torch
 
+    _check_op(op, dtype)
     arch, _ = rt.device_props(torch.cuda.current_device())
-    variant, _ = _main_variant(op, dtype, config, arch)
-    return rt.resource_report(variant)
+    cfg = rt.resolve(space(op, dtype), config, _elt(op, dtype), arch, _base(op, dtype, arch))
+    return rt.resource_report(rt.tag(op, dtype, cfg))

@@ -174,11 +174,20 @@ def _stream(device: int):
     return s
 
 
-def launch(variant: Variant, device: int, grid, block, args, smem: int = 0) -> None:
-    arch, smem_limit = device_props(device)
+_variant_of: dict[tuple, Variant] = {}  # (op, dtype, config) -> the variant its last call launched
+
+
+def tag(op: str, dtype: str, cfg: Mapping[str, int]) -> tuple:
+    """Names what a launch ran for, so resource_report finds the variant a config really used."""
+    return op, dtype, tuple(sorted(cfg.items()))
+
+
+def launch(variant: Variant, device: int, grid, block, args, smem: int = 0, *, for_: tuple) -> None:
+    _, smem_limit = device_props(device)
     if smem > smem_limit:
         raise ValueError(f"config: needs {smem} bytes of shared memory per block, the GPU allows {smem_limit}")
     fn = function(variant, device, smem)
+    _variant_of[for_] = variant
     cp = cupy()
     with cp.cuda.Device(device), _stream(device):
         fn(tuple(grid), tuple(block), tuple(args), shared_mem=smem)
@@ -200,9 +209,10 @@ def f32(v: float) -> np.float32:
     return np.float32(v)
 
 
-def resource_report(variant: Variant) -> dict | None:
-    """Registers, shared memory and spills of a variant already loaded on this GPU."""
-    hit = _launched.get((variant.source, variant.name_expr))
+def resource_report(for_: tuple) -> dict | None:
+    """Registers, shared memory and spills of the variant last launched `for_` (see tag)."""
+    variant = _variant_of.get(for_)
+    hit = variant and _launched.get((variant.source, variant.name_expr))
     if hit is None:
         return None
     smem, fn = hit

@@ -9,6 +9,7 @@ from . import _runtime as rt
 from .contract import DTYPES, Space, check_activation, check_sgd_args, check_tensor, check_same_dtype, dtype_name
 
 _DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
+_DT_NAME = {code: name for name, code in _DT_CODE.items()}
 _FLOATS = tuple(DTYPES.values())
 
 # threads = 32 * num_warps; each thread moves ITEMS vectors of VEC elements
@@ -41,11 +42,11 @@ def main_variant(op: str, dtype: str, cfg) -> tuple[rt.Variant, int]:
     return _variant(kernel, dtype, cfg, cfg["VEC"], *extra), 0
 
 
-def _launch_flat(variant: rt.Variant, cfg, dev: int, n: int, args) -> None:
+def _launch_flat(op: str, variant: rt.Variant, cfg, dev: int, n: int, args) -> None:
     threads = 32 * cfg["num_warps"]
-    vec = variant.targs[1]
+    dtype, vec = _DT_NAME[variant.targs[0]], variant.targs[1]
     blocks = max(1, rt.cdiv(n // vec, threads * cfg["ITEMS"]))
-    rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1), args)
+    rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1), args, for_=rt.tag(op, dtype, cfg))
 
 
 def _output(name: str, out, like: torch.Tensor) -> torch.Tensor:
@@ -75,7 +76,7 @@ def relu(x, *, out=None, config=None):
     x = x.contiguous()
     dtype = dtype_name(x.dtype)
     vec = rt.pick_vec(cfg["VEC"], x.element_size(), (x, out))
-    _launch_flat(_variant("relu_kernel", dtype, cfg, vec), cfg, dev, x.numel(),
+    _launch_flat("relu", _variant("relu_kernel", dtype, cfg, vec), cfg, dev, x.numel(),
                  (rt.ptr(x), rt.ptr(out), rt.i64(x.numel())))
     return out
 
@@ -91,7 +92,8 @@ def relu_backward(grad, y, *, out=None, config=None):
         return out
     grad, y = grad.contiguous(), y.contiguous()
     vec = rt.pick_vec(cfg["VEC"], grad.element_size(), (grad, y, out))
-    _launch_flat(_variant("relu_backward_kernel", dtype_name(grad.dtype), cfg, vec), cfg, dev, grad.numel(),
+    _launch_flat("relu_backward", _variant("relu_backward_kernel", dtype_name(grad.dtype), cfg, vec), cfg, dev,
+                 grad.numel(),
                  (rt.ptr(grad), rt.ptr(y), rt.ptr(out), rt.i64(grad.numel())))
     return out
 
@@ -110,7 +112,7 @@ def bias_add(x, bias, *, activation=None, out=None, config=None):
     x, bias = x.contiguous(), bias.contiguous()
     vec = rt.pick_vec(cfg["VEC"], x.element_size(), (x, bias, out), (ncols,))
     variant = _variant("bias_add_kernel", dtype_name(x.dtype), cfg, vec, int(activation == "relu"))
-    _launch_flat(variant, cfg, dev, x.numel(),
+    _launch_flat("bias_add", variant, cfg, dev, x.numel(),
                  (rt.ptr(x), rt.ptr(bias), rt.ptr(out), rt.i64(x.numel()), rt.i64(ncols)))
     return out
 
@@ -132,7 +134,7 @@ def sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0
         vec = rt.pick_vec(cfg["VEC"], 4, (p,) if buf is None else (p, buf))
         vec = rt.pick_vec(vec, g.element_size(), (g,))
         variant = _variant("sgd_kernel", dtype_name(g.dtype), cfg, vec, int(bool(momentum)))
-        _launch_flat(variant, cfg, dev, n,
+        _launch_flat("sgd_update", variant, cfg, dev, n,
                      (rt.ptr(p), rt.ptr(g), rt.ptr(buf), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay),
                       rt.i64(n)))
     return None

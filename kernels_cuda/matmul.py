@@ -184,7 +184,7 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     c = out if out.is_contiguous() else torch.empty((M, N), dtype=a.dtype, device=a.device)
     rt.launch(variant, dev, (blocks, 1, 1), (32 * cfg["num_warps"], 1, 1),
               (rt.ptr(a_t), rt.ptr(b_t), rt.ptr(bias), rt.ptr(c), rt.i32(M), rt.i32(N), rt.i32(K),
-               rt.i64(lda), rt.i64(ldb)), smem)
+               rt.i64(lda), rt.i64(ldb)), smem, for_=rt.tag("matmul", dtype, cfg))
     if c is not out:
         out.copy_(c)
     return out

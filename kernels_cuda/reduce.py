@@ -69,8 +69,9 @@ def bias_grad(grad, *, out=None, config=None):
     grid = (rt.cdiv(nrows, cfg["num_warps"] * cfg["ITEMS"]), rt.cdiv(ncols, 32 * vec), 1)
     if grid[1] > 65535:
         raise ValueError(f"grad: {ncols} columns need {grid[1]} column blocks, more than the 65535 grid.y allows")
-    rt.launch(bias_grad_variant(dtype_name(grad.dtype), cfg, vec), dev, grid, (threads, 1, 1),
-              (rt.ptr(grad), rt.ptr(out), rt.i64(nrows), rt.i64(ncols)))
+    dtype = dtype_name(grad.dtype)
+    rt.launch(bias_grad_variant(dtype, cfg, vec), dev, grid, (threads, 1, 1),
+              (rt.ptr(grad), rt.ptr(out), rt.i64(nrows), rt.i64(ncols)), for_=rt.tag("bias_grad", dtype, cfg))
     return out
 
 
@@ -95,10 +96,11 @@ def softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
     # The kernel writes rows of ncols contiguous values; a strided view gets them by one copy.
     grad = out_grad if out_grad.is_contiguous() else torch.empty_like(out_grad, memory_format=torch.contiguous_format)
     vec = rt.pick_vec(cfg["VEC"], logits.element_size(), (logits, grad), (ncols,))
-    rt.launch(softmax_xent_variant(dtype_name(logits.dtype), cfg, vec), dev, (nrows, 1, 1),
+    dtype = dtype_name(logits.dtype)
+    rt.launch(softmax_xent_variant(dtype, cfg, vec), dev, (nrows, 1, 1),
               (32 * cfg["num_warps"], 1, 1),
               (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(grad), rt.i64(ncols),
-               rt.f32(1.0 / nrows)))
+               rt.f32(1.0 / nrows)), for_=rt.tag("softmax_cross_entropy", dtype, cfg))
     if grad is not out_grad:
         out_grad.copy_(grad)
     return loss, out_grad
