@@ -61,7 +61,7 @@ def _main_variant(op: str, dtype: str, config, arch: int):
     _check_op(op, dtype)
     if op == "matmul" and dtype == "bf16" and arch < 80:
         raise ValueError(f"dtype: bf16 tensor-core matmul needs sm_80 or newer, not sm_{arch}")
-    cfg = rt.resolve(space(op, dtype), config, _elt(op, dtype), arch, _base(op, dtype, arch))
+    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch, _base(op, dtype, arch))
     if op == "matmul":
         return _mm.main_variant(dtype, cfg, arch)
     if op in ("bias_grad", "softmax_cross_entropy"):
@@ -88,5 +88,5 @@ def resource_report(op: str, dtype: str, config=None) -> dict | None:
 
     _check_op(op, dtype)
     arch, _ = rt.device_props(torch.cuda.current_device())
-    cfg = rt.resolve(space(op, dtype), config, _elt(op, dtype), arch, _base(op, dtype, arch))
+    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch, _base(op, dtype, arch))
     return rt.resource_report(rt.tag(op, dtype, cfg))

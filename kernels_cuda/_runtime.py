@@ -68,14 +68,6 @@ def source(name: str) -> str:
 
 # ------------------------------------------------------------------ configs
 
-def resolve(space, config, elt: int, arch: int, base=None) -> dict[str, int]:
-    """The op's config: `base` (the space default unless given) updated with
-    the user's values, checked against the space before anything is compiled."""
-    if config is not None and not isinstance(config, Mapping):
-        raise TypeError(f"config: expected a dict of tunables or None, got {type(config).__name__}")
-    return space.check({**(base or space.default), **(config or {})}, elt, arch)
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -146,9 +146,12 @@ class Space:
             raise ValueError(f"config: {problem} (config={dict(config)})")
         return dict(config)
 
-    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90) -> dict[str, int]:
-        """Default filled in with the user's values, then checked."""
-        return self.check({**self.default, **(config or {})}, elt, arch)
+    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90,
+                base: Mapping[str, int] | None = None) -> dict[str, int]:
+        """`base` (the space's default unless given) updated with the user's values, then checked."""
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"config: expected a dict of tunables or None, got {type(config).__name__}")
+        return self.check({**(base or self.default), **(config or {})}, elt, arch)
 
     def size(self) -> int:
         n = 1

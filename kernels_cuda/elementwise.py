@@ -64,7 +64,7 @@ def _setup(name: str, x, config):
     rt.check_cuda(name, x)
     dev = x.device.index
     arch, _ = rt.device_props(dev)
-    cfg = rt.resolve(SPACE, config, x.element_size(), arch)
+    cfg = SPACE.resolve(config, x.element_size(), arch)
     return dev, cfg
 
 
@@ -125,7 +125,7 @@ def sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0
     rt.check_cuda("params[0]", params[0])
     dev = params[0].device.index
     arch, _ = rt.device_props(dev)
-    cfg = rt.resolve(SPACE, config, 4, arch)
+    cfg = SPACE.resolve(config, 4, arch)
     for p, g, buf in zip(params, grads, bufs):
         n = p.numel()
         if n == 0:

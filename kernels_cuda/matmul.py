@@ -146,7 +146,7 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     arch, _ = rt.device_props(dev)
     if dtype == "bf16" and arch < 80:
         raise ValueError(f"a: bf16 tensor-core matmul needs sm_80 or newer, this GPU is sm_{arch}")
-    cfg = rt.resolve(space_for(dtype), config, a.element_size(), arch, default_base(dtype, arch))
+    cfg = space_for(dtype).resolve(config, a.element_size(), arch, default_base(dtype, arch))
     if out is not None:
         check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
         if tuple(out.shape) != (M, N):

@@ -48,7 +48,7 @@ def _setup(name: str, x, space, config):
     rt.check_cuda(name, x)
     dev = x.device.index
     arch, _ = rt.device_props(dev)
-    return dev, rt.resolve(space, config, x.element_size(), arch)
+    return dev, space.resolve(config, x.element_size(), arch)
 
 
 def bias_grad(grad, *, out=None, config=None):

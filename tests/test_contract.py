@@ -35,6 +35,9 @@ def test_resolve_fills_defaults_and_names_unknown_keys():
     assert SPACE.resolve({"BLOCK": 256}, 4) == {"BLOCK": 256, "num_warps": 4}
     with pytest.raises(ValueError, match="unknown tunable"):
         SPACE.resolve({"BLOK": 256}, 4)
+    with pytest.raises(TypeError, match="config"):
+        SPACE.resolve([("BLOCK", 256)], 4)
+    assert SPACE.resolve({"num_warps": 2}, 4, base={"BLOCK": 64, "num_warps": 8}) == {"BLOCK": 64, "num_warps": 2}
 
 
 def test_default_outside_the_space_is_refused_at_declaration():
