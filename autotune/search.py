@@ -163,7 +163,7 @@ class Search:
         have = self.csv_keys
         for t in study.get_trials(deepcopy=False):
             row = t.user_attrs.get("row")
-            if row is not None and (name, str(t.number)) not in have:
+            if "status" in t.user_attrs and (name, str(t.number)) not in have:
                 self.csv.append(row)
 
     def baselines(self, job: Job) -> dict:

@@ -36,6 +36,7 @@ OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "t
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
 HEARTBEAT_S, GRACE_S = 30, 120
+ORPHAN_S = 600  # an unclaimed RUNNING trial older than this lost its process (claiming takes ms)
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -135,23 +136,42 @@ def _owner_dead(owner: str | None) -> bool:
     return False
 
 
+def _unclaimed_for_long(trial: optuna.trial.FrozenTrial) -> bool:
+    """Asked for but never claimed: its process died between ask and the first write."""
+    if "owner" in trial.user_attrs or trial.datetime_start is None:
+        return False
+    age = _dt.datetime.now() - trial.datetime_start  # Optuna stores naive local times
+    return age.total_seconds() > ORPHAN_S
+
+
 def reap_stale(study: optuna.Study) -> int:
-    """Fail trials left RUNNING by a dead process (this host: by pid; others: by heartbeat)."""
+    """End trials left RUNNING by a dead process (this host: by pid; others: by heartbeat).
+
+    A trial whose outcome was written before its process died is told that
+    outcome, so the measurement stands; any other is failed and redone.
+    """
     optuna.storages.fail_stale_trials(study)
     reaped = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _owner_dead(trial.user_attrs.get("owner")):
-            try:
+        if not (_owner_dead(trial.user_attrs.get("owner")) or _unclaimed_for_long(trial)):
+            continue
+        try:
+            status = trial.user_attrs.get("status")
+            if status == "ok":
+                study.tell(trial.number, trial.user_attrs["row"]["time_ms"])
+            elif status is not None:
+                study.tell(trial.number, state=TrialState.PRUNED)
+            else:
                 study.tell(trial.number, state=TrialState.FAIL)
-                reaped += 1
-            except (ValueError, RuntimeError):
-                pass  # finished meanwhile by its owner after all
+            reaped += 1
+        except (ValueError, RuntimeError):
+            pass  # finished meanwhile by its owner after all
     return reaped
 
 
 def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
     if trial.state == TrialState.RUNNING:
-        return True
+        return "config" in trial.user_attrs  # an unclaimed trial measures nothing (yet)
     return trial.user_attrs.get("status") not in (None, "invalid")
 
 
@@ -276,10 +296,12 @@ class StudyRunner:
         return row
 
     def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None) -> None:
-        trial.set_user_attr("status", status)
+        # Row before status, both before the state and the CSV: the status marks
+        # an outcome as complete, so a kill anywhere here leaves either a trial
+        # the next run redoes or one whose row it copies into the CSV, never a
+        # CSV row the study lacks.
         trial.set_user_attr("row", row)
-        # Written to the study first: a kill between the two leaves a row the
-        # next run can copy into the CSV, never a CSV row the study lacks.
+        trial.set_user_attr("status", status)
         if status == "ok":
             self.study.tell(trial, value)
         else:

@@ -178,3 +178,29 @@ def test_store_refuses_a_config_the_target_cannot_run(tmp_path):
     path = write(tmp_path / "best.json", {"target": "sm_75", "entries": [mm]})
     with pytest.raises(StoreError, match="bf16 matmul needs"):
         load_store(path, "sm_75", space_of=fake_space)
+
+
+def test_a_kill_at_any_write_leaves_a_trial_that_is_redone_or_kept(tmp_path):
+    """The windows a SIGKILL can hit in one trial's writes, replayed on a real storage."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune import studies
+
+    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
+    dead = f"{studies.socket.gethostname()}:999999999"  # no such pid
+    unclaimed = study.ask()  # killed right after ask
+    half = study.ask()  # killed after the row, before the status
+    for key, value in (("owner", dead), ("config", {"B": 1}), ("row", {"time_ms": 1.0})):
+        half.set_user_attr(key, value)
+    measured = study.ask()  # killed after the status, before the state
+    for key, value in (("owner", dead), ("config", {"B": 2}), ("row", {"time_ms": 2.5}), ("status", "ok")):
+        measured.set_user_attr(key, value)
+
+    frozen = {t.number: t for t in study.get_trials()}
+    assert not studies.counts_toward_budget(frozen[unclaimed.number])  # measures nothing, costs nothing
+    assert studies.reap_stale(study) == 2
+    after = {t.number: t for t in study.get_trials()}
+    assert after[unclaimed.number].state == TrialState.RUNNING  # young: could be a live process claiming it
+    assert after[half.number].state == TrialState.FAIL and not studies.counts_toward_budget(after[half.number])
+    assert after[measured.number].state == TrialState.COMPLETE and after[measured.number].value == 2.5
