@@ -169,9 +169,10 @@ class Search:
     def baselines(self, job: Job) -> dict:
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
         out = {}
-        problem = self.target.target_violation(job.space, dict(job.space.default), elt, op=call.op, dtype=call.dtype)
+        config = job.space.default_for(self.target.arch)
+        problem = self.target.target_violation(job.space, config, elt, op=call.op, dtype=call.dtype)
         default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
-            0, call, job.backend, dict(job.space.default), self.args.seed)
+            0, call, job.backend, config, self.args.seed)
         torch_ = self.pool.evaluate(0, call, "torch", None, self.args.seed)
         for label, result in (("default", default), ("torch", torch_)):
             if result.get("status") == "ok":

@@ -97,7 +97,7 @@ TARGETS: dict[str, Target] = {
                # Measured on H200 (cuBLAS large-square matmul, device-to-device copy).
                matmul_tflops={"bf16": 750.0, "fp16": 701.0, "fp32": 51.0}, copy_gbps=4245.0,
                note="ceilings measured on H200"),
-        # The Triton interpreter on the host plays sm_90 (kernels_triton.arch_of),
+        # The Triton interpreter on the host plays sm_90 (kernels_cuda.contract.device_arch),
         # so configs are pruned as for sm_90; its timings are host timings.
         Target("cpu", 90, 48 * KB, 227 * KB, 228 * KB, 2048,
                mma={"fp16": ("m16n8k16",), "bf16": ("m16n8k16",)},

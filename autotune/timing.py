@@ -105,12 +105,11 @@ def _bench_host(fn, *, warmup: int, reps: int, max_seconds: float) -> Timing:
     return _quantiles(samples, len(samples))
 
 
-def bench_graph(step: Callable[[], object], *, steps: int = 200, warmup: int = 3) -> Timing:
-    """Time replays of `step` captured once in a CUDA graph (per-replay times).
-
-    For work made of many small launches: replays remove the CPU launch gaps
-    that would otherwise dominate. `step` must be capturable (no syncs).
-    """
+def capture(step: Callable[[], object], *, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """`step` captured in a CUDA graph, after `warmup` eager runs on a side
+    stream (PyTorch's recipe: they compile kernels and settle allocations
+    outside the capture). The warm-up runs are real runs: undo their effects
+    if they matter. `step` must be capturable (no syncs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -120,6 +119,16 @@ def bench_graph(step: Callable[[], object], *, steps: int = 200, warmup: int = 3
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    return graph
+
+
+def bench_graph(step: Callable[[], object], *, steps: int = 200, warmup: int = 3) -> Timing:
+    """Time replays of `step` captured once in a CUDA graph (per-replay times).
+
+    For work made of many small launches: replays remove the CPU launch gaps
+    that would otherwise dominate.
+    """
+    graph = capture(step, warmup=warmup)
     return bench(graph.replay, warmup=warmup, reps=steps, flush_l2=False, max_seconds=10.0)
 
 

@@ -53,15 +53,11 @@ def _elt(op: str, dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
-def _base(op: str, dtype: str, arch: int) -> dict[str, int]:
-    return _mm.default_base(dtype, arch) if op == "matmul" else dict(space(op, dtype).default)
-
-
 def _main_variant(op: str, dtype: str, config, arch: int):
     _check_op(op, dtype)
     if op == "matmul" and dtype == "bf16" and arch < 80:
         raise ValueError(f"dtype: bf16 tensor-core matmul needs sm_80 or newer, not sm_{arch}")
-    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch, _base(op, dtype, arch))
+    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch)
     if op == "matmul":
         return _mm.main_variant(dtype, cfg, arch)
     if op in ("bias_grad", "softmax_cross_entropy"):
@@ -88,5 +84,5 @@ def resource_report(op: str, dtype: str, config=None) -> dict | None:
 
     _check_op(op, dtype)
     arch, _ = rt.device_props(torch.cuda.current_device())
-    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch, _base(op, dtype, arch))
+    cfg = space(op, dtype).resolve(config, _elt(op, dtype), arch)
     return rt.resource_report(rt.tag(op, dtype, cfg))

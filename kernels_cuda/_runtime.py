@@ -106,6 +106,14 @@ def check_cuda(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name}: the CUDA backend needs a CUDA tensor, got one on {t.device}")
 
 
+def setup(name: str, t: torch.Tensor, space, config) -> tuple[int, dict[str, int]]:
+    """(device index, resolved config) for a launch on the GPU that holds `t`."""
+    check_cuda(name, t)
+    dev = t.device.index
+    arch, _ = device_props(dev)
+    return dev, space.resolve(config, t.element_size(), arch)
+
+
 def alignment(t: torch.Tensor) -> int:
     """Largest power of two (up to 16) dividing the tensor's data address."""
     p = t.data_ptr()

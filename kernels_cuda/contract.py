@@ -43,9 +43,10 @@ and `space(op, dtype) -> Space` (dtype "fp32", "fp16" or "bf16").
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 import torch
@@ -56,6 +57,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+FLOATS = tuple(DTYPES.values())
 
 OPS = (
     "matmul",
@@ -80,6 +82,8 @@ class Space:
     threads: str = "32 * num_warps"
     smem_bytes: str = "0"
     notes: str = ""
+    # Defaults for older GPUs, as overrides of `default`: {80: {...}} applies below sm_80.
+    defaults_below: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     def __post_init__(self):
         # Launch paths check their config on every call: compile the rules once and
@@ -91,9 +95,10 @@ class Space:
         object.__setattr__(self, "_costs", {})
         if set(self.default) != set(self.params):
             raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
-        for name, value in self.default.items():
-            if value not in self.params[name]:
-                raise ValueError(f"default {name}={value} is outside {list(self.params[name])}")
+        for overrides in (self.default, *self.defaults_below.values()):
+            for name, value in overrides.items():
+                if value not in self.params.get(name, ()):
+                    raise ValueError(f"default {name}={value} is outside the space {dict(self.params)}")
 
     def _env(self, config: Mapping[str, int], elt: int, arch: int) -> dict:
         return {**config, "elt": elt, "arch": arch}
@@ -146,12 +151,19 @@ class Space:
             raise ValueError(f"config: {problem} (config={dict(config)})")
         return dict(config)
 
-    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90,
-                base: Mapping[str, int] | None = None) -> dict[str, int]:
-        """`base` (the space's default unless given) updated with the user's values, then checked."""
+    def default_for(self, arch: int) -> dict[str, int]:
+        """The config a kernel runs when given none, on a GPU of this arch."""
+        base = dict(self.default)
+        for below, overrides in sorted(self.defaults_below.items(), reverse=True):
+            if arch < below:
+                base.update(overrides)
+        return base
+
+    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90) -> dict[str, int]:
+        """The arch's default updated with the user's values, then checked."""
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"config: expected a dict of tunables or None, got {type(config).__name__}")
-        return self.check({**(base or self.default), **(config or {})}, elt, arch)
+        return self.check({**self.default_for(arch), **(config or {})}, elt, arch)
 
     def size(self) -> int:
         n = 1
@@ -166,6 +178,20 @@ class Space:
             config = dict(zip(names, values))
             if self.violated(config, elt, arch) is None:
                 yield config
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
+
+
+def device_arch(device: torch.device) -> int:
+    """The arch configs are checked against on `device`; CPU tensors run in
+    the Triton interpreter, which plays sm_90."""
+    if device.type != "cuda":
+        return 90
+    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -204,11 +230,26 @@ def check_activation(activation) -> None:
         raise ValueError(f"activation: {activation!r} is not one of {ACTIVATIONS}")
 
 
-def matmul_shapes(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
-    """M, N, K of op(a) @ op(b), where op transposes when its flag is set."""
-    check_tensor("a", a, ndim=2, dtypes=tuple(DTYPES.values()))
-    check_tensor("b", b, ndim=2, dtypes=tuple(DTYPES.values()), device=a.device)
+def output(name: str, out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
+           contiguous: bool = True) -> torch.Tensor:
+    """`out` checked against what the op writes, or a new tensor when it is None."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    check_tensor(name, out, ndim=len(shape), dtypes=(dtype,), device=device)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if contiguous and not out.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (the kernel writes it as flat memory), "
+                         f"got strides {out.stride()}")
+    return out
+
+
+def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate: str) -> tuple[int, int, int]:
+    """M, N, K of op(a) @ op(b), where op transposes when its flag is set; every argument checked."""
+    check_tensor("a", a, ndim=2, dtypes=FLOATS)
+    check_tensor("b", b, ndim=2, dtypes=FLOATS, device=a.device)
     check_same_dtype(a=a, b=b)
+    check_activation(activation)
     m, k = (a.shape[1], a.shape[0]) if trans_a else tuple(a.shape)
     kb, n = (b.shape[1], b.shape[0]) if trans_b else tuple(b.shape)
     if k != kb:
@@ -216,7 +257,42 @@ def matmul_shapes(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
             f"b: inner dimensions differ: op(a) is {m}x{k}, op(b) is {kb}x{n} "
             f"(trans_a={trans_a}, trans_b={trans_b})"
         )
+    if accumulate not in ("fp32", "fp16"):
+        raise ValueError(f"accumulate: {accumulate!r} is not 'fp32' or 'fp16'")
+    if accumulate == "fp16" and a.dtype != torch.float16:
+        raise ValueError(f"accumulate: 'fp16' needs fp16 inputs, got {dtype_name(a.dtype)}")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=(a.dtype,), device=a.device)
+        if bias.shape[0] != n:
+            raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({n},)")
     return m, n, k
+
+
+def relu_backward_args(grad, y) -> None:
+    check_tensor("grad", grad, dtypes=FLOATS)
+    check_tensor("y", y, dtypes=(grad.dtype,), device=grad.device)
+    if y.shape != grad.shape:
+        raise ValueError(f"y: shape {tuple(y.shape)} differs from grad's {tuple(grad.shape)}")
+
+
+def bias_add_args(x, bias, activation) -> None:
+    check_tensor("x", x, ndim=2, dtypes=FLOATS)
+    check_tensor("bias", bias, ndim=1, dtypes=(x.dtype,), device=x.device)
+    check_activation(activation)
+    if bias.shape[0] != x.shape[1]:
+        raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({x.shape[1]},) to match x {tuple(x.shape)}")
+
+
+def softmax_cross_entropy_args(logits, labels) -> tuple[int, int]:
+    """(rows, classes) of the logits."""
+    check_tensor("logits", logits, ndim=2, dtypes=FLOATS)
+    check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=logits.device)
+    rows, classes = logits.shape
+    if labels.shape[0] != rows:
+        raise ValueError(f"labels: shape {tuple(labels.shape)}, expected ({rows},) to match logits {tuple(logits.shape)}")
+    if classes == 0 and rows > 0:
+        raise ValueError("logits: has no classes (shape [M, 0])")
+    return rows, classes
 
 
 def matrix_layout(t: torch.Tensor, transposed: bool) -> tuple[torch.Tensor, bool, int]:
@@ -267,7 +343,7 @@ def check_sgd_args(params, grads, momentum_bufs, lr, momentum, weight_decay):
         check_tensor(f"params[{i}]", p, dtypes=(torch.float32,), device=params[0].device if i else None)
         if not p.is_contiguous():
             raise ValueError(f"params[{i}]: must be contiguous to be updated in place")
-        check_tensor(f"grads[{i}]", g, dtypes=tuple(DTYPES.values()), device=p.device)
+        check_tensor(f"grads[{i}]", g, dtypes=FLOATS, device=p.device)
         if g.shape != p.shape:
             raise ValueError(f"grads[{i}]: shape {tuple(g.shape)} differs from params[{i}]'s {tuple(p.shape)}")
         if b is not None:

@@ -2,15 +2,14 @@
 shared search space."""
 from __future__ import annotations
 
-
 import torch
 
 from . import _runtime as rt
-from .contract import DTYPES, Space, check_activation, check_sgd_args, check_tensor, check_same_dtype, dtype_name
+from .contract import (FLOATS, Space, bias_add_args, check_sgd_args, check_tensor, dtype_name, output,
+                       relu_backward_args)
 
 _DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
 _DT_NAME = {code: name for name, code in _DT_CODE.items()}
-_FLOATS = tuple(DTYPES.values())
 
 # threads = 32 * num_warps; each thread moves ITEMS vectors of VEC elements
 # (VEC is lowered by the host for misaligned pointers or, for bias_add, a
@@ -49,28 +48,14 @@ def _launch_flat(op: str, variant: rt.Variant, cfg, dev: int, n: int, args) -> N
     rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1), args, for_=rt.tag(op, dtype, cfg))
 
 
-def _output(name: str, out, like: torch.Tensor) -> torch.Tensor:
-    if out is None:
-        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    check_tensor(name, out, dtypes=(like.dtype,), device=like.device)
-    if tuple(out.shape) != tuple(like.shape) or not out.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor of shape {tuple(like.shape)}, "
-                         f"got shape {tuple(out.shape)} strides {out.stride()}")
-    return out
-
-
-def _setup(name: str, x, config):
-    check_tensor(name, x, dtypes=_FLOATS)
-    rt.check_cuda(name, x)
-    dev = x.device.index
-    arch, _ = rt.device_props(dev)
-    cfg = SPACE.resolve(config, x.element_size(), arch)
-    return dev, cfg
+def _output(out, like: torch.Tensor) -> torch.Tensor:
+    return output("out", out, tuple(like.shape), like.dtype, like.device)
 
 
 def relu(x, *, out=None, config=None):
-    dev, cfg = _setup("x", x, config)
-    out = _output("out", out, x)
+    check_tensor("x", x, dtypes=FLOATS)
+    dev, cfg = rt.setup("x", x, SPACE, config)
+    out = _output(out, x)
     if x.numel() == 0:
         return out
     x = x.contiguous()
@@ -82,12 +67,9 @@ def relu(x, *, out=None, config=None):
 
 
 def relu_backward(grad, y, *, out=None, config=None):
-    dev, cfg = _setup("grad", grad, config)
-    check_tensor("y", y, dtypes=_FLOATS, device=grad.device)
-    check_same_dtype(grad=grad, y=y)
-    if tuple(y.shape) != tuple(grad.shape):
-        raise ValueError(f"y: shape {tuple(y.shape)} differs from grad's {tuple(grad.shape)}")
-    out = _output("out", out, grad)
+    relu_backward_args(grad, y)
+    dev, cfg = rt.setup("grad", grad, SPACE, config)
+    out = _output(out, grad)
     if grad.numel() == 0:
         return out
     grad, y = grad.contiguous(), y.contiguous()
@@ -99,14 +81,10 @@ def relu_backward(grad, y, *, out=None, config=None):
 
 
 def bias_add(x, bias, *, activation=None, out=None, config=None):
-    check_tensor("x", x, ndim=2, dtypes=_FLOATS)
-    dev, cfg = _setup("x", x, config)
-    check_tensor("bias", bias, ndim=1, dtypes=(x.dtype,), device=x.device)
-    check_activation(activation)
+    bias_add_args(x, bias, activation)
+    dev, cfg = rt.setup("x", x, SPACE, config)
     ncols = x.shape[1]
-    if bias.shape[0] != ncols:
-        raise ValueError(f"bias: expected shape ({ncols},) for x of shape {tuple(x.shape)}, got {tuple(bias.shape)}")
-    out = _output("out", out, x)
+    out = _output(out, x)
     if x.numel() == 0:
         return out
     x, bias = x.contiguous(), bias.contiguous()
@@ -122,10 +100,7 @@ def sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_decay=0
         params, grads, momentum_bufs, lr, momentum, weight_decay)
     if not params:
         return None
-    rt.check_cuda("params[0]", params[0])
-    dev = params[0].device.index
-    arch, _ = rt.device_props(dev)
-    cfg = SPACE.resolve(config, 4, arch)
+    dev, cfg = rt.setup("params[0]", params[0], SPACE, config)
     for p, g, buf in zip(params, grads, bufs):
         n = p.numel()
         if n == 0:

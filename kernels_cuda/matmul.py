@@ -2,17 +2,12 @@
 (matmul_tc.cu); the search spaces of both kernels live here as data."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from . import _runtime as rt
-from .contract import (
-    Space,
-    check_activation,
-    check_tensor,
-    dtype_name,
-    matmul_shapes,
-    matrix_layout,
-)
+from .contract import Space, dtype_name, matmul_args, matrix_layout, output
 
 # Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread; the thread
 # count follows from the tile sizes, so num_warps must match them. The
@@ -46,7 +41,8 @@ SIMT_SPACE = Space(
 
 # Tensor-core GEMM (mma.sync m16n8k16). Warp tiles from 32 x 32 to 64 x 64:
 # smaller ones are bound by shared-memory reads, larger ones spill. sm_75 has
-# no cp.async, so it double-buffers through registers: exactly 2 stages.
+# no cp.async, so it double-buffers through registers: exactly 2 stages, and
+# 64 x 32 warp tiles by default, since the staging registers make 64 x 64 spill.
 # The smem expression is the larger of the two shared layouts (k-contiguous
 # or not) of each operand; the launch computes the exact one.
 TC_SPACE = Space(
@@ -66,6 +62,7 @@ TC_SPACE = Space(
         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2, "WARPS_N": 2,
         "num_warps": 4, "num_stages": 4, "GROUP_M": 8, "VEC": 8,
     },
+    defaults_below={80: {"num_stages": 2, "WARPS_M": 2, "WARPS_N": 4, "num_warps": 8}},
     restrictions=(
         "WARPS_M * WARPS_N == num_warps",
         "BLOCK_M % (16 * WARPS_M) == 0 and BLOCK_N % (16 * WARPS_N) == 0",
@@ -80,21 +77,15 @@ TC_SPACE = Space(
     ),
     notes="fp16/bf16 mma.sync; VEC = halves per global copy (8 = 16 bytes), lowered for misaligned operands",
 )
+# bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
+TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80",))
 
 _DT_CODE = {"fp16": 1, "bf16": 2}
+_SPACES = {"fp32": SIMT_SPACE, "fp16": TC_SPACE, "bf16": TC_BF16_SPACE}
 
 
 def space_for(dtype: str) -> Space:
-    return SIMT_SPACE if dtype == "fp32" else TC_SPACE
-
-
-def default_base(dtype: str, arch: int) -> dict[str, int]:
-    """The space default; on sm_75 2 stages (register double-buffering) and
-    64 x 32 warp tiles, since the staging registers make 64 x 64 spill."""
-    base = dict(space_for(dtype).default)
-    if dtype != "fp32" and arch < 80:
-        base.update(num_stages=2, WARPS_M=2, WARPS_N=4, num_warps=8)
-    return base
+    return _SPACES[dtype]
 
 
 def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu) -> rt.Variant:
@@ -130,29 +121,15 @@ def main_variant(dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
            accumulate="fp32"):
-    M, N, K = matmul_shapes(a, b, trans_a, trans_b)
+    M, N, K = matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate)
     rt.check_cuda("a", a)
-    check_activation(activation)
     dtype = dtype_name(a.dtype)
-    if accumulate not in ("fp32", "fp16"):
-        raise ValueError(f"accumulate: {accumulate!r} is not 'fp32' or 'fp16'")
-    if accumulate == "fp16" and dtype != "fp16":
-        raise ValueError(f"accumulate: 'fp16' needs fp16 inputs, got {dtype}")
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1, dtypes=(a.dtype,), device=a.device)
-        if bias.shape[0] != N:
-            raise ValueError(f"bias: expected shape ({N},), got {tuple(bias.shape)}")
     dev = a.device.index
     arch, _ = rt.device_props(dev)
     if dtype == "bf16" and arch < 80:
         raise ValueError(f"a: bf16 tensor-core matmul needs sm_80 or newer, this GPU is sm_{arch}")
-    cfg = space_for(dtype).resolve(config, a.element_size(), arch, default_base(dtype, arch))
-    if out is not None:
-        check_tensor("out", out, ndim=2, dtypes=(a.dtype,), device=a.device)
-        if tuple(out.shape) != (M, N):
-            raise ValueError(f"out: expected a {M}x{N} tensor, got shape {tuple(out.shape)}")
-    else:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    cfg = space_for(dtype).resolve(config, a.element_size(), arch)
+    out = output("out", out, (M, N), a.dtype, a.device, contiguous=False)
     if M == 0 or N == 0:
         return out
     if K == 0:  # empty sum: act(bias) or zeros

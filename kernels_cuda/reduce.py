@@ -4,10 +4,9 @@ from __future__ import annotations
 import torch
 
 from . import _runtime as rt
-from .contract import DTYPES, Space, check_tensor, dtype_name
+from .contract import FLOATS, Space, check_tensor, dtype_name, output, softmax_cross_entropy_args
 
 _DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
-_FLOATS = tuple(DTYPES.values())
 
 # A block sums 32 * VEC columns over num_warps * ITEMS rows and adds its
 # column totals to the output with atomics.
@@ -43,24 +42,12 @@ def main_variant(op: str, dtype: str, cfg) -> tuple[rt.Variant, int]:
     return softmax_xent_variant(dtype, cfg, cfg["VEC"]), 0
 
 
-def _setup(name: str, x, space, config):
-    check_tensor(name, x, ndim=2, dtypes=_FLOATS)
-    rt.check_cuda(name, x)
-    dev = x.device.index
-    arch, _ = rt.device_props(dev)
-    return dev, space.resolve(config, x.element_size(), arch)
-
-
 def bias_grad(grad, *, out=None, config=None):
-    dev, cfg = _setup("grad", grad, BIAS_GRAD_SPACE, config)
+    check_tensor("grad", grad, ndim=2, dtypes=FLOATS)
+    dev, cfg = rt.setup("grad", grad, BIAS_GRAD_SPACE, config)
     nrows, ncols = grad.shape
-    if out is None:
-        out = torch.zeros(ncols, dtype=torch.float32, device=grad.device)
-    else:
-        check_tensor("out", out, ndim=1, dtypes=(torch.float32,), device=grad.device)
-        if out.shape[0] != ncols or not out.is_contiguous():
-            raise ValueError(f"out: expected a contiguous float32 tensor of shape ({ncols},), got {tuple(out.shape)}")
-        out.zero_()
+    out = output("out", out, (ncols,), torch.float32, grad.device)
+    out.zero_()  # the kernel adds its column sums with atomics
     if grad.numel() == 0:
         return out
     grad = grad.contiguous()
@@ -76,19 +63,9 @@ def bias_grad(grad, *, out=None, config=None):
 
 
 def softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
-    dev, cfg = _setup("logits", logits, SOFTMAX_XENT_SPACE, config)
-    check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=logits.device)
-    nrows, ncols = logits.shape
-    if labels.shape[0] != nrows:
-        raise ValueError(f"labels: expected shape ({nrows},), got {tuple(labels.shape)}")
-    if nrows > 0 and ncols == 0:
-        raise ValueError("logits: needs at least one class column")
-    if out_grad is None:
-        out_grad = torch.empty((nrows, ncols), dtype=logits.dtype, device=logits.device)
-    else:
-        check_tensor("out_grad", out_grad, ndim=2, dtypes=(logits.dtype,), device=logits.device)
-        if tuple(out_grad.shape) != (nrows, ncols):
-            raise ValueError(f"out_grad: expected a tensor of shape {(nrows, ncols)}, got {tuple(out_grad.shape)}")
+    nrows, ncols = softmax_cross_entropy_args(logits, labels)
+    dev, cfg = rt.setup("logits", logits, SOFTMAX_XENT_SPACE, config)
+    out_grad = output("out_grad", out_grad, (nrows, ncols), logits.dtype, logits.device, contiguous=False)
     if nrows == 0:  # torch's mean over no rows
         return torch.full((), float("nan"), dtype=torch.float32, device=logits.device), out_grad
     loss = torch.zeros((), dtype=torch.float32, device=logits.device)

@@ -28,12 +28,6 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_arch(index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(index)
-    return major * 10 + minor
-
-
-@functools.lru_cache(maxsize=None)
 def _smem_limit(index: int) -> int:
     props = torch.cuda.get_device_properties(index)
     # The opt-in limit is what a kernel may ask for; older torch lacks the field.
@@ -44,13 +38,6 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def arch_of(device: torch.device) -> int:
-    """Compute capability the config is checked against; the interpreter plays sm_90."""
-    if device.type != "cuda":
-        return 90
-    return _cuda_arch(_index(device))
-
-
 def check_device(name: str, t: torch.Tensor) -> None:
     """Compiled kernels read CUDA memory; the interpreter reads host memory.
     Shape-only "meta" tensors pass: `compile_report` plans with them."""
@@ -59,17 +46,9 @@ def check_device(name: str, t: torch.Tensor) -> None:
                          "(or TRITON_INTERPRET=1 for CPU tensors)")
 
 
-def check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, contiguous: bool) -> None:
-    contract.check_tensor("out", out, ndim=len(shape), dtypes=(dtype,), device=device)
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out: shape {tuple(out.shape)}, expected {tuple(shape)}")
-    if contiguous and not out.is_contiguous():
-        raise ValueError("out: must be contiguous (the kernel writes it as flat memory)")
-
-
 def resolve(space: contract.Space, config, elt: int, device: torch.device) -> dict[str, int]:
     """The config to launch: default filled in, checked against the space and this GPU."""
-    arch = arch_of(device)
+    arch = contract.device_arch(device)
     cfg = space.resolve(config, elt, arch)
     if device.type == "cuda":
         need = space.cost(cfg, elt, arch)["smem_bytes"]

@@ -111,14 +111,11 @@ def _plan(op: str, x, other, out, *, ncols: int, relu: bool, config, vec_tensors
 
 
 def _output(out, like: torch.Tensor) -> torch.Tensor:
-    if out is None:
-        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    rt.check_out(out, tuple(like.shape), like.dtype, like.device, contiguous=True)
-    return out
+    return contract.output("out", out, tuple(like.shape), like.dtype, like.device)
 
 
 def plan_relu(x, *, out=None, config=None):
-    contract.check_tensor("x", x, dtypes=tuple(contract.DTYPES.values()))
+    contract.check_tensor("x", x, dtypes=contract.FLOATS)
     rt.check_device("x", x)
     out = _output(out, x)
     x = rt.flat_input(x)
@@ -126,11 +123,8 @@ def plan_relu(x, *, out=None, config=None):
 
 
 def plan_relu_backward(grad, y, *, out=None, config=None):
-    contract.check_tensor("grad", grad, dtypes=tuple(contract.DTYPES.values()))
+    contract.relu_backward_args(grad, y)
     rt.check_device("grad", grad)
-    contract.check_tensor("y", y, dtypes=(grad.dtype,), device=grad.device)
-    if y.shape != grad.shape:
-        raise ValueError(f"y: shape {tuple(y.shape)} differs from grad's {tuple(grad.shape)}")
     out = _output(out, grad)
     grad, y = rt.flat_input(grad), rt.flat_input(y)
     return out, _plan("relu_backward", grad, y, out, ncols=1, relu=False, config=config,
@@ -138,12 +132,8 @@ def plan_relu_backward(grad, y, *, out=None, config=None):
 
 
 def plan_bias_add(x, bias, *, activation=None, out=None, config=None):
-    contract.check_tensor("x", x, ndim=2, dtypes=tuple(contract.DTYPES.values()))
+    contract.bias_add_args(x, bias, activation)
     rt.check_device("x", x)
-    contract.check_tensor("bias", bias, ndim=1, dtypes=(x.dtype,), device=x.device)
-    contract.check_activation(activation)
-    if bias.shape[0] != x.shape[1]:
-        raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({x.shape[1]},) to match x {tuple(x.shape)}")
     out = _output(out, x)
     x, bias = rt.flat_input(x), rt.flat_input(bias)
     return out, _plan("bias_add", x, bias, out, ncols=x.shape[1], relu=activation == "relu", config=config,

@@ -77,20 +77,9 @@ SPACES = {
 
 
 def plan_softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
-    contract.check_tensor("logits", logits, ndim=2, dtypes=tuple(contract.DTYPES.values()))
+    M, C = contract.softmax_cross_entropy_args(logits, labels)
     rt.check_device("logits", logits)
-    contract.check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=logits.device)
-    M, C = logits.shape
-    if labels.shape[0] != M:
-        raise ValueError(f"labels: shape {tuple(labels.shape)}, expected ({M},) to match logits {tuple(logits.shape)}")
-    if C == 0 and M > 0:
-        raise ValueError("logits: has no classes (shape [M, 0])")
-    if out_grad is None:
-        out_grad = torch.empty((M, C), dtype=logits.dtype, device=logits.device)
-    else:
-        contract.check_tensor("out_grad", out_grad, ndim=2, dtypes=(logits.dtype,), device=logits.device)
-        if tuple(out_grad.shape) != (M, C):
-            raise ValueError(f"out_grad: shape {tuple(out_grad.shape)}, expected {(M, C)}")
+    out_grad = contract.output("out_grad", out_grad, (M, C), logits.dtype, logits.device, contiguous=False)
     dtype = contract.dtype_name(logits.dtype)
     cfg = rt.resolve(SPACES[dtype], config, logits.element_size(), logits.device)
     if M == 0:  # the mean of no rows, as torch defines it

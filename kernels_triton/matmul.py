@@ -119,7 +119,6 @@ SPACES = {
     ),
 }
 
-_ACCUMULATE = ("fp32", "fp16")
 _MAX_I32 = 2**31 - 1
 
 
@@ -130,21 +129,9 @@ def _span(t: torch.Tensor) -> int:
 
 def plan(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
          accumulate="fp32") -> tuple[torch.Tensor, rt.Plan | None]:
-    M, N, K = contract.matmul_shapes(a, b, trans_a, trans_b)
+    M, N, K = contract.matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate)
     rt.check_device("a", a)
-    contract.check_activation(activation)
-    if accumulate not in _ACCUMULATE:
-        raise ValueError(f"accumulate: {accumulate!r} is not one of {_ACCUMULATE}")
-    if accumulate == "fp16" and a.dtype != torch.float16:
-        raise ValueError(f"accumulate: 'fp16' needs fp16 inputs, got {a.dtype}")
-    if bias is not None:
-        contract.check_tensor("bias", bias, ndim=1, dtypes=(a.dtype,), device=a.device)
-        if bias.shape[0] != N:
-            raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({N},)")
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    else:
-        rt.check_out(out, (M, N), a.dtype, a.device, contiguous=False)
+    out = contract.output("out", out, (M, N), a.dtype, a.device, contiguous=False)
     dtype = contract.dtype_name(a.dtype)
     cfg = rt.resolve(SPACES[dtype], config, a.element_size(), a.device)
     if M == 0 or N == 0:

@@ -66,13 +66,10 @@ SPACES = {
 
 
 def plan_bias_grad(grad, *, out=None, config=None):
-    contract.check_tensor("grad", grad, ndim=2, dtypes=tuple(contract.DTYPES.values()))
+    contract.check_tensor("grad", grad, ndim=2, dtypes=contract.FLOATS)
     rt.check_device("grad", grad)
     M, N = grad.shape
-    if out is None:
-        out = torch.empty((N,), dtype=torch.float32, device=grad.device)
-    else:
-        rt.check_out(out, (N,), torch.float32, grad.device, contiguous=True)
+    out = contract.output("out", out, (N,), torch.float32, grad.device)
     dtype = contract.dtype_name(grad.dtype)
     cfg = rt.resolve(SPACES[dtype], config, grad.element_size(), grad.device)
     if N == 0:

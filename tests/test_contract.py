@@ -37,7 +37,15 @@ def test_resolve_fills_defaults_and_names_unknown_keys():
         SPACE.resolve({"BLOK": 256}, 4)
     with pytest.raises(TypeError, match="config"):
         SPACE.resolve([("BLOCK", 256)], 4)
-    assert SPACE.resolve({"num_warps": 2}, 4, base={"BLOCK": 64, "num_warps": 8}) == {"BLOCK": 64, "num_warps": 2}
+
+
+def test_older_archs_get_their_own_default():
+    sp = Space(params={"BLOCK": (64, 128, 256), "num_warps": (2, 4, 8)}, default={"BLOCK": 256, "num_warps": 8},
+               defaults_below={80: {"num_warps": 4}, 75: {"BLOCK": 64}})
+    assert sp.default_for(90) == sp.default_for(80) == {"BLOCK": 256, "num_warps": 8}
+    assert sp.default_for(75) == {"BLOCK": 256, "num_warps": 4}
+    assert sp.default_for(70) == {"BLOCK": 64, "num_warps": 4}
+    assert sp.resolve({"num_warps": 2}, 4, 70) == {"BLOCK": 64, "num_warps": 2}
 
 
 def test_default_outside_the_space_is_refused_at_declaration():
@@ -45,6 +53,8 @@ def test_default_outside_the_space_is_refused_at_declaration():
         Space(params={"BLOCK": (64,)}, default={"BLOCK": 128})
     with pytest.raises(ValueError, match="exactly"):
         Space(params={"BLOCK": (64,)}, default={})
+    with pytest.raises(ValueError, match="outside"):
+        Space(params={"BLOCK": (64,)}, default={"BLOCK": 64}, defaults_below={80: {"BLOCK": 32}})
 
 
 @pytest.mark.parametrize("transposed", [False, True])

@@ -68,6 +68,19 @@ def assert_rel(out, ref, tol, what="out"):
         assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
 
 
+def assert_column_sums(out, grad, what="out"):
+    """Column sums of `grad` as an fp32 accumulation gets them: each column's
+    error against float64 within 1e-6 of the sum of its terms' magnitudes (a
+    column of cancelling terms has a tiny sum, so error relative to the sum
+    itself measures the data, not the kernel; one dropped row breaks this)."""
+    ref = exact.bias_grad(grad)
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert out.dtype == torch.float32 and not out.isnan().any(), f"{what}: {out.dtype}, NaN where unwritten?"
+    scale = grad.double().abs().sum(0).cpu().clamp_min(1e-300)
+    err = ((out.double().cpu() - ref.cpu()).abs() / scale).max().item() if ref.numel() else 0.0
+    assert err <= 1e-6, f"{what}: column error {err:.3g} of the terms' magnitude > 1e-06"
+
+
 def assert_exact(out, ref, what="out"):
     """Equal to the float64 result rounded once to out's dtype (NaN where it is NaN).
 
@@ -92,7 +105,7 @@ def matmul_operands(rng, m, n, k, dtype, device, trans_a, trans_b):
 
 def check_matmul(ops, a, b, *, trans_a=False, trans_b=False, bias=None, activation=None, config=None,
                  accumulate="fp32"):
-    m, n, k = contract.matmul_shapes(a, b, trans_a, trans_b)
+    m, n, k = contract.matmul_args(a, b, None, None, trans_a, trans_b, "fp32")
     out = poisoned((m, n), a.dtype, a.device)
     got = ops.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b, out=out,
                      config=config, accumulate=accumulate)
@@ -323,7 +336,7 @@ def test_bias_grad(ops, device, rng, m, n, dtype, layout):
         grad = randn(rng, (m, n), dtype, device)
     out = poisoned((n,), torch.float32, device)
     assert ops.bias_grad(grad, out=out) is out
-    assert_rel(out, exact.bias_grad(grad), 1e-5)
+    assert_column_sums(out, grad)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -331,9 +344,7 @@ def test_bias_grad_tall(ops, device, rng, dtype):
     m = 100_000 if device == "cpu" else 1_000_000
     for n in (1, 3) if device == "cpu" else (1, 10, 4096):
         grad = randn(rng, (m if n < 4096 else 1 << 17, n), dtype, device)
-        db = ops.bias_grad(grad)
-        assert db.dtype == torch.float32
-        assert_rel(db, exact.bias_grad(grad), 1e-5, f"n={n}")
+        assert_column_sums(ops.bias_grad(grad), grad, f"n={n}")
 
 
 # ----------------------------------------------------------------------------- softmax_cross_entropy
@@ -490,7 +501,8 @@ def bad_calls(ops, device):
     ]
 
 
-def test_bad_arguments_name_the_argument(ops, device):
+def misnamed_errors(ops, device) -> list[str]:
+    """The bad calls that raise no error, or one that does not name the bad argument."""
     failures = []
     for i, (name, call) in enumerate(bad_calls(ops, device)):
         try:
@@ -500,6 +512,11 @@ def test_bad_arguments_name_the_argument(ops, device):
                 failures.append(f"case {i}: error does not name {name!r}: {e}")
         else:
             failures.append(f"case {i}: no error (expected one naming {name!r})")
+    return failures
+
+
+def test_bad_arguments_name_the_argument(ops, device):
+    failures = misnamed_errors(ops, device)
     assert not failures, "\n".join(failures)
 
 
@@ -526,7 +543,7 @@ def small_problem(op, dtype, device, rng):
             exact.bias_add(x, b, activation="relu"))
     if op == "bias_grad":
         g = randn(rng, (3000, 70), dtype, device)
-        return lambda ops, cfg: assert_rel(ops.bias_grad(g, config=cfg), exact.bias_grad(g), 1e-5)
+        return lambda ops, cfg: assert_column_sums(ops.bias_grad(g, config=cfg), g)
     if op == "softmax_cross_entropy":
         z = randn(rng, (6, 1500), dtype, device, scale=3.0)
         labels = torch.randint(0, 1500, (6,), generator=rng).to(device)
@@ -578,7 +595,7 @@ def test_sampled_configs(ops, device, rng, op, dtype):
 def test_config_errors(ops, device, rng, op):
     """A config outside the space is refused before launch, naming `config`."""
     sp = ops.space(op, "fp32")
-    assert sp.violated(dict(sp.default), 4, local_arch(device)) is None, "the default breaks its own space"
+    assert sp.violated(sp.default_for(local_arch(device)), 4, local_arch(device)) is None, "the default breaks its own space"
     name = next(iter(sp.params))
     bad = [
         {"NOT_A_TUNABLE": 1},

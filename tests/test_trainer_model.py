@@ -15,7 +15,7 @@ import torch
 
 from autotune.store import ConfigStore
 from autotune.workload import mnist_mlp_calls, shape_key
-from kernels_cuda.contract import OPS, matmul_shapes
+from kernels_cuda.contract import OPS, matmul_args
 from kernels_cuda.reference import native
 from trainer.config import Config
 from trainer.configs import CallConfigs
@@ -47,7 +47,7 @@ class Spy:
         def call(*args, config=None, **kwargs):
             if op == "matmul":
                 ta, tb = kwargs.get("trans_a", False), kwargs.get("trans_b", False)
-                key = shape_key(op, matmul_shapes(args[0], args[1], ta, tb), ("t" if ta else "n") + ("t" if tb else "n"))
+                key = shape_key(op, matmul_args(args[0], args[1], None, None, ta, tb, "fp32"), ("t" if ta else "n") + ("t" if tb else "n"))
             elif op == "sgd_update":
                 key = shape_key(op, (sum(p.numel() for p in args[0]),))
             else:

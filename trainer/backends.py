@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from autotune import backends as kernel_packages
+from kernels_cuda.contract import device_arch
 from trainer.config import Config
 from trainer.configs import CallConfigs, open_store
 from trainer.model import OpsMLP
@@ -36,6 +37,6 @@ def make_backend(config: Config, device: torch.device):
         return TorchBackend(config, device), None
     ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
     configs = CallConfigs(open_store(config), config.backend, config.dtype,
-                          default_of=lambda op: dict(ops.space(op, config.dtype).default))
+                          default_of=lambda op: ops.space(op, config.dtype).default_for(device_arch(device)))
     initial = initial_mlp(config.hidden, config.layers, config.seed)
     return OpsMLP(ops, initial, config, device, configs), configs

@@ -2,10 +2,9 @@
 
 The step writes its loss into a per-epoch device tensor at the step's slot
 instead of returning it, so the host reads losses once per evaluation, not
-once per step, and a captured graph carries the record along. Capture follows
-the PyTorch recipe: warm up on a side stream (which also compiles the
-kernels), capture, then undo what the warm-up steps did to the weights and
-the batch counter so the run starts from the seed's initial state.
+once per step, and a captured graph carries the record along. After the
+capture (autotune.timing.capture), what its warm-up steps did to the weights
+and the batch counter is undone, so the run starts from the seed's initial state.
 """
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import time
 
 import torch
 
+from autotune import timing
 from trainer.data import DeviceBatches
 
 GRAPH_WARMUP = 3
@@ -32,15 +32,7 @@ class Stepper:
         """Compile (and capture) before the clock starts; leaves the state as it was."""
         saved = self.backend.snapshot()
         if capture:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(GRAPH_WARMUP):
-                    self.eager()
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.eager()
+            self.graph = timing.capture(self.eager, warmup=GRAPH_WARMUP)
         else:
             self.eager()
         self.backend.restore(saved)

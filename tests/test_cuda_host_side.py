@@ -1,7 +1,8 @@
-"""The CUDA twin's launch bookkeeping, on the CPU: the GPU side (CuPy, the driver) is faked.
+"""The CUDA twin's host side, on the CPU: the GPU side (CuPy, the driver) is faked.
 
 resource_report must describe the kernel a config's call really launched (its layout,
-epilogue and vector width), not a variant rebuilt from the config alone.
+epilogue and vector width), not a variant rebuilt from the config alone; and every bad
+argument must be refused, by name, before anything is compiled or launched.
 """
 import contextlib
 from types import SimpleNamespace
@@ -60,3 +61,10 @@ def test_elementwise_and_reductions_are_tagged_by_op_and_dtype(fake_gpu, rng):
     assert kc.resource_report("relu", "fp32", {"VEC": 2}) is None
     assert kc.resource_report("bias_grad", "fp16") is not None
     assert kc.resource_report("relu_backward", "fp16", {"VEC": 2}) is None
+
+
+def test_cuda_twin_names_the_bad_argument(fake_gpu):
+    """The argument checks run on the host, so the CPU suite covers the CUDA twin's too."""
+    from tests.test_ops import misnamed_errors
+    failures = misnamed_errors(kc, "cpu")
+    assert not failures, "\n".join(failures)
