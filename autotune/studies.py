@@ -11,7 +11,8 @@ study is not measured again: its result is copied into the new trial.
 
 The budget counts trials that reached (or are reaching) a device, across every
 process sharing the storage, so re-running a command resumes where it stopped
-and several machines can share one study through an RDB URL.
+and several machines can share one study through an RDB URL; trial numbers
+decide who takes the last slots, so together they never overrun it.
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ import itertools
 import os
 import socket
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune.targets import Target
@@ -57,8 +60,17 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
         kwargs = {"connect_args": {"timeout": 120}}  # writers from other processes wait, not fail
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
-                                      grace_period=GRACE_S)
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
+            # Processes that open a new storage at once race to create its tables and
+            # version row; the loser finds them made and opens the storage as it now is.
+            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
+            if not racing or attempt == 2:
+                raise
+            time.sleep(0.5)
 
 
 # Samplers that see tunables as ordered (an index into the sorted values) rather than as
@@ -216,18 +228,18 @@ class StudyRunner:
     def next_candidate(self) -> Candidate | None:
         """The next config to measure, or None when the budget or the space is used up."""
         with self.lock:
-            trials = self.study.get_trials(deepcopy=False)
-            used = sum(counts_toward_budget(t) for t in trials)
-            done = {}
-            for t in trials:
-                if t.state != TrialState.RUNNING and counts_toward_budget(t) and "row" in t.user_attrs:
-                    done.setdefault(config_key(t.user_attrs["config"]), t)
-            running = {config_key(t.user_attrs["config"]): t._trial_id for t in trials
-                       if t.state == TrialState.RUNNING and "config" in t.user_attrs}
-            tried = set(done) | set(running)
             streak = 0
-            while used < self.budget:
-                if self.view.valid is not None and len(tried) >= len(self.view.valid):
+            while True:
+                trials = self.study.get_trials(deepcopy=False)
+                if sum(counts_toward_budget(t) for t in trials) >= self.budget:
+                    return None
+                done = {}
+                for t in trials:
+                    if t.state != TrialState.RUNNING and counts_toward_budget(t) and "row" in t.user_attrs:
+                        done.setdefault(config_key(t.user_attrs["config"]), t)
+                running = {config_key(t.user_attrs["config"]): t._trial_id for t in trials
+                           if t.state == TrialState.RUNNING and "config" in t.user_attrs}
+                if self.view.valid is not None and len(set(done) | set(running)) >= len(self.view.valid):
                     return None  # every valid config has been tried
                 trial = self.study.ask()
                 config = self._suggest(trial)
@@ -242,15 +254,35 @@ class StudyRunner:
                         self.gave_up = f"the sampler proposed {streak} invalid configs in a row"
                         return None
                     continue
+                if self._no_slot_left(trial):
+                    self.study.tell(trial, state=TrialState.FAIL)  # costs nothing; look again
+                    continue
                 previous = done.get(config_key(config))
                 if previous is not None:
                     self._reuse(trial, previous)
-                    used += 1
                     continue
                 if self.heartbeat:
                     self.heartbeat.add(trial._trial_id)
                 return Candidate(trial, config, running.get(config_key(config)))
-            return None
+
+    def _no_slot_left(self, trial: optuna.Trial) -> bool:
+        """Whether other processes sharing the storage took the last of the budget.
+
+        Trial numbers order the claims: a trial goes ahead only if the finished
+        trials that count plus the live ones asked before it leave a slot. The
+        highest-numbered of budget + 1 trials always sees the other budget, so
+        processes together never run more than the budget; the lowest-numbered
+        contender is never held back by a live trial, so the search goes on.
+        """
+        ahead = 0
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == trial.number:
+                continue
+            if t.state == TrialState.RUNNING:
+                ahead += t.number < trial.number and not _unclaimed_for_long(t)
+            else:
+                ahead += counts_toward_budget(t)
+        return ahead >= self.budget
 
     def reuse_twin(self, candidate: Candidate, stop: threading.Event) -> bool:
         """Wait for the twin measuring the same config and copy its result.

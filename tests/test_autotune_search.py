@@ -131,6 +131,25 @@ def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
     assert (measured["status"] == "ok").all()
 
 
+def test_two_machines_share_a_study_through_one_storage(tmp_path):
+    """Two searches started at once on a new storage, as two machines would (each with two
+    workers, the real Triton backend under the interpreter): together they measure exactly
+    the budget, and no config twice."""
+    shared = ["--storage", f"sqlite:///{tmp_path / 'tuning.db'}", "--target", "cpu", "--backends", "triton",
+              "--ops", "matmul", "--dtypes", "fp32", "--shapes", "16x32x16", "--trials", "8", "--workers", "2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune.search", "--out", str(tmp_path / f"m{i}"),
+                               "--seed", str(i), *shared], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in (1, 2)]
+    logs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(logs)
+    rows = pd.concat([pd.read_csv(tmp_path / f"m{i}" / "cpu" / "trials.csv") for i in (1, 2)])
+    measured = counted(rows)
+    assert len(measured) == 8 and not rows.duplicated(["trial"]).any()
+    fresh = measured[measured["reused_from"].isna()]
+    assert not fresh.duplicated(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"]).any()
+    assert (measured["status"] == "ok").all(), measured[["status", "error"]]
+
+
 def test_timing_without_a_gpu_is_refused_with_what_to_run(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

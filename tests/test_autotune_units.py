@@ -204,3 +204,23 @@ def test_a_kill_at_any_write_leaves_a_trial_that_is_redone_or_kept(tmp_path):
     assert after[unclaimed.number].state == TrialState.RUNNING  # young: could be a live process claiming it
     assert after[half.number].state == TrialState.FAIL and not studies.counts_toward_budget(after[half.number])
     assert after[measured.number].state == TrialState.COMPLETE and after[measured.number].value == 2.5
+
+
+def test_trial_numbers_decide_who_takes_the_last_slot(tmp_path):
+    """Budget 2, one trial measured, two processes' trials claimed at once: the lower number runs."""
+    import optuna
+
+    from autotune import studies
+
+    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
+    first = study.ask()
+    for key, value in (("config", {"B": 1}), ("row", {"time_ms": 1.0}), ("status", "ok")):
+        first.set_user_attr(key, value)
+    study.tell(first, 1.0)
+    mine, theirs = study.ask(), study.ask()
+    for trial, b in ((mine, 2), (theirs, 3)):
+        trial.set_user_attr("config", {"B": b})
+    runner = studies.StudyRunner(study, view=None, budget=2, check=lambda c: None, make_row=None)
+    assert not runner._no_slot_left(mine) and runner._no_slot_left(theirs)
+    study.tell(mine, state=optuna.trial.TrialState.FAIL)  # mine died without an outcome: theirs may go
+    assert not runner._no_slot_left(theirs)
