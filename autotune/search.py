@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 from tqdm import tqdm
 
 from autotune import compile_sweep, studies
@@ -69,7 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--storage", default=f"sqlite:///{REPO / 'experiments' / 'tuning.db'}",
                    help="Optuna RDB URL (default: experiments/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the sampler and the inputs; give each machine sharing a study its own, "
+                        "or their samplers propose the same configs, copied rather than measured")
     p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
                    "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
     p.add_argument("--compile-only", action="store_true",
@@ -99,7 +102,6 @@ class Search:
         self.budget = args.trials or DEFAULT_TRIALS
         self.out_dir = args.out / self.target.name
         self.csv = TrialsCsv(self.out_dir / "trials.csv", columns(plan.tunables()))
-        self.csv_keys = self.csv.keys()
         self.best_path = self.out_dir / "best.json"
         if self.best_path.exists():
             load_store(self.best_path, self.target)  # refuse to build on a broken file
@@ -109,6 +111,7 @@ class Search:
         self.pool = Evaluator(self.target.name, args.workers, args.timeout, args.out / "logs" / self.target.name)
         self.prov = provenance()
         self.stop = threading.Event()
+        self.crashed: list[BaseException] = []  # what ended a worker thread other than its work running out
         self.summary: list[dict] = []
         self.bar: tqdm | None = None
 
@@ -159,12 +162,12 @@ class Search:
         return name, view, study, runner, baselines
 
     def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
-        """Rows the study has but the CSV lacks (killed between the two writes)."""
-        have = self.csv_keys
+        """Rows of finished trials the study has but the CSV lacks (killed between the two
+        writes); read now, since another process may share this CSV."""
+        have = self.csv.keys()
         for t in study.get_trials(deepcopy=False):
-            row = t.user_attrs.get("row")
-            if "status" in t.user_attrs and (name, str(t.number)) not in have:
-                self.csv.append(row)
+            if t.state != TrialState.RUNNING and "status" in t.user_attrs and (name, str(t.number)) not in have:
+                self.csv.append(t.user_attrs["row"])
 
     def baselines(self, job: Job) -> dict:
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
@@ -200,6 +203,8 @@ class Search:
                 for t in threads:
                     while t.is_alive():
                         t.join(0.5)
+                if self.crashed:
+                    raise self.crashed[0]  # the search stops: a bug, or a study it cannot go on with
             except KeyboardInterrupt:
                 self.stop.set()
                 self.pool.interrupt()  # unblocks the threads, which drop their trials
@@ -214,8 +219,15 @@ class Search:
         self._write_best(job, name, study, runner)
 
     def _work(self, runner: StudyRunner, job: Job, index: int) -> None:
+        try:
+            self._work_loop(runner, job, index)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
+            self.crashed.append(exc)
+            self.stop.set()
+
+    def _work_loop(self, runner: StudyRunner, job: Job, index: int) -> None:
         while not self.stop.is_set():
-            candidate = runner.next_candidate()
+            candidate = runner.next_candidate(self.stop)
             if candidate is None:
                 return
             if candidate.twin is not None and runner.reuse_twin(candidate, self.stop):

@@ -39,7 +39,12 @@ OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "t
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
 HEARTBEAT_S, GRACE_S = 30, 120
-ORPHAN_S = 600  # an unclaimed RUNNING trial older than this lost its process (claiming takes ms)
+# A config is written right after `ask` and the sampler's suggestion; a RUNNING trial without one
+# for this long lost its process (longer than SQLite's 120 s busy timeout, so a slow write is not
+# mistaken for death).
+ORPHAN_S = 300
+CLAIM_WAIT_S = 10  # how long a trial waits for earlier ones of other processes to pick their configs
+WAIT_S = 0.5  # how often a runner whose budget is all in flight looks again
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -64,7 +69,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                               grace_period=GRACE_S)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
+        except sqlalchemy.exc.DBAPIError as exc:
             # Processes that open a new storage at once race to create its tables and
             # version row; the loser finds them made and opens the storage as it now is.
             racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
@@ -148,24 +153,36 @@ def _owner_dead(owner: str | None) -> bool:
     return False
 
 
-def _unclaimed_for_long(trial: optuna.trial.FrozenTrial) -> bool:
-    """Asked for but never claimed: its process died between ask and the first write."""
-    if "owner" in trial.user_attrs or trial.datetime_start is None:
-        return False
-    age = _dt.datetime.now() - trial.datetime_start  # Optuna stores naive local times
-    return age.total_seconds() > ORPHAN_S
+_CONFIGLESS_SINCE: dict[int, float] = {}  # storage id -> when this process first saw it without a config
+
+
+def _configless_for(trial: optuna.trial.FrozenTrial) -> float | None:
+    """Seconds this process has seen `trial` without a config (by its own monotonic
+    clock, since the asking host's clock and time zone are unknown); None once it has one."""
+    if "config" in trial.user_attrs:
+        return None
+    now = time.monotonic()
+    return now - _CONFIGLESS_SINCE.setdefault(trial._trial_id, now)
+
+
+def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
+    """Asked for but never given a config: its process died in the first writes after
+    `ask`, before a heartbeat could speak for it on other hosts."""
+    age = _configless_for(trial)
+    return age is not None and age > ORPHAN_S
 
 
 def reap_stale(study: optuna.Study) -> int:
-    """End trials left RUNNING by a dead process (this host: by pid; others: by heartbeat).
+    """End trials left RUNNING by a dead process: on this host by pid, on others
+    by a stale heartbeat (judged by the storage's clock), and orphans.
 
     A trial whose outcome was written before its process died is told that
     outcome, so the measurement stands; any other is failed and redone.
     """
-    optuna.storages.fail_stale_trials(study)
+    stale = set(study._storage._get_stale_trial_ids(study._study_id))
     reaped = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not (_owner_dead(trial.user_attrs.get("owner")) or _unclaimed_for_long(trial)):
+        if not (trial._trial_id in stale or _owner_dead(trial.user_attrs.get("owner")) or _orphaned(trial)):
             continue
         try:
             status = trial.user_attrs.get("status")
@@ -185,6 +202,9 @@ def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
     if trial.state == TrialState.RUNNING:
         return "config" in trial.user_attrs  # an unclaimed trial measures nothing (yet)
     return trial.user_attrs.get("status") not in (None, "invalid")
+
+
+_WAIT = object()  # StudyRunner: the rest of the budget is in flight; look again soon
 
 
 @dataclass
@@ -225,64 +245,91 @@ class StudyRunner:
             raise SearchError(f"study {self.study.study_name}: {exc}. The backend's space changed since the "
                               "study was created; pass --study-prefix to start new studies.") from None
 
-    def next_candidate(self) -> Candidate | None:
-        """The next config to measure, or None when the budget or the space is used up."""
-        with self.lock:
-            streak = 0
-            while True:
-                trials = self.study.get_trials(deepcopy=False)
-                if sum(counts_toward_budget(t) for t in trials) >= self.budget:
-                    return None
-                done = {}
-                for t in trials:
-                    if t.state != TrialState.RUNNING and counts_toward_budget(t) and "row" in t.user_attrs:
-                        done.setdefault(config_key(t.user_attrs["config"]), t)
-                running = {config_key(t.user_attrs["config"]): t._trial_id for t in trials
-                           if t.state == TrialState.RUNNING and "config" in t.user_attrs}
-                if self.view.valid is not None and len(set(done) | set(running)) >= len(self.view.valid):
-                    return None  # every valid config has been tried
-                trial = self.study.ask()
-                config = self._suggest(trial)
-                trial.set_user_attr("owner", OWNER)
-                trial.set_user_attr("config", config)
-                problem = self.check(config)
-                if problem:
-                    self._finish(trial, config, {"status": "invalid", "error": problem})
-                    self.invalid += 1
-                    streak += 1
-                    if streak > max(50, 2 * self.budget):
-                        self.gave_up = f"the sampler proposed {streak} invalid configs in a row"
-                        return None
-                    continue
-                if self._no_slot_left(trial):
-                    self.study.tell(trial, state=TrialState.FAIL)  # costs nothing; look again
-                    continue
-                previous = done.get(config_key(config))
-                if previous is not None:
-                    self._reuse(trial, previous)
-                    continue
-                if self.heartbeat:
-                    self.heartbeat.add(trial._trial_id)
-                return Candidate(trial, config, running.get(config_key(config)))
+    def next_candidate(self, stop: threading.Event | None = None) -> Candidate | None:
+        """The next config to measure, or None when the budget or the space is used up
+        (or `stop` is set).
 
-    def _no_slot_left(self, trial: optuna.Trial) -> bool:
-        """Whether other processes sharing the storage took the last of the budget.
-
-        Trial numbers order the claims: a trial goes ahead only if the finished
-        trials that count plus the live ones asked before it leave a slot. The
-        highest-numbered of budget + 1 trials always sees the other budget, so
-        processes together never run more than the budget; the lowest-numbered
-        contender is never held back by a live trial, so the search goes on.
+        While the rest of the budget is in flight (in other threads or processes)
+        it waits, without the lock, for those trials to end or their owners to die.
         """
-        ahead = 0
-        for t in self.study.get_trials(deepcopy=False):
-            if t.number == trial.number:
+        stop = stop or threading.Event()
+        while True:
+            with self.lock:
+                candidate = self._next_or_wait()
+            if candidate is not _WAIT:
+                return candidate
+            if stop.wait(WAIT_S):
+                return None
+
+    def _next_or_wait(self):
+        streak = 0
+        while True:
+            trials = self.study.get_trials(deepcopy=False)
+            finished = [t for t in trials if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+            live = [t for t in trials if t.state == TrialState.RUNNING and not _orphaned(t)]
+            tried = {config_key(t.user_attrs["config"]) for t in finished + live if "config" in t.user_attrs}
+            exhausted = self.view.valid is not None and len(tried) >= len(self.view.valid)
+            if len(finished) >= self.budget or (exhausted and not live):
+                return None
+            if len(finished) + len(live) >= self.budget or exhausted:
+                reap_stale(self.study)  # what is in flight may fill the budget, or may be dead
+                return _WAIT
+            trial = self.study.ask()
+            trial.set_user_attr("owner", OWNER)
+            if self.heartbeat:
+                self.heartbeat.add(trial._trial_id)  # from now on other hosts can tell if it dies
+            config = self._suggest(trial)
+            trial.set_user_attr("config", config)
+            problem = self.check(config)
+            if problem:
+                self._finish(trial, config, {"status": "invalid", "error": problem})
+                self.invalid += 1
+                streak += 1
+                if streak > max(50, 2 * self.budget):
+                    self.gave_up = f"the sampler proposed {streak} invalid configs in a row"
+                    return None
                 continue
-            if t.state == TrialState.RUNNING:
-                ahead += t.number < trial.number and not _unclaimed_for_long(t)
-            else:
-                ahead += counts_toward_budget(t)
-        return ahead >= self.budget
+            verdict, other = self._place(trial, config)
+            if verdict == "full":  # a process asked just before this one took the last slot
+                self._drop(trial)
+                return _WAIT
+            if verdict == "reuse":
+                self._reuse(trial, other)
+                continue
+            return Candidate(trial, config, other._trial_id if verdict == "twin" else None)
+
+    def _place(self, trial: optuna.Trial, config: dict) -> tuple[str, optuna.trial.FrozenTrial | None]:
+        """Where a claimed trial stands among the processes sharing the storage.
+
+        ("full", None): the budget is taken; ("reuse", t): t measured the config;
+        ("twin", t): t, asked earlier and still live, measures it; ("measure", None).
+        Trial numbers order the claims. A trial waits (briefly) until every live
+        trial asked before it has picked its config, then goes ahead only if the
+        finished trials that count plus those earlier live ones leave a slot: the
+        highest-numbered of budget + 1 trials always sees the other budget, so
+        together the processes never overrun it, and the lowest-numbered
+        contender is never held back, so the search goes on. A config is measured
+        by the earliest live trial that picked it; later ones wait and copy.
+        """
+        while True:
+            trials = self.study.get_trials(deepcopy=False)
+            earlier = [t for t in trials if t.state == TrialState.RUNNING and t.number < trial.number
+                       and not _orphaned(t)]
+            ages = [_configless_for(t) for t in earlier]
+            if all(age is None or age > CLAIM_WAIT_S for age in ages):
+                break  # every earlier trial has its config, or is late enough to be presumed dead
+            time.sleep(0.05)  # a config is a suggestion and a storage write away
+        finished = [t for t in trials if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+        if len(finished) + len(earlier) >= self.budget:
+            return "full", None
+        key = config_key(config)
+        for t in finished:
+            if "row" in t.user_attrs and config_key(t.user_attrs["config"]) == key:
+                return "reuse", t
+        for t in sorted(earlier, key=lambda t: t.number):
+            if config_key(t.user_attrs.get("config", {})) == key:
+                return "twin", t
+        return "measure", None
 
     def reuse_twin(self, candidate: Candidate, stop: threading.Event) -> bool:
         """Wait for the twin measuring the same config and copy its result.
@@ -290,15 +337,17 @@ class StudyRunner:
         False when the twin ended without a result (its process died): the
         caller then measures the config itself.
         """
+        polls = 0
         while not stop.wait(0.2):
+            polls += 1
             with self.lock:
+                if polls % 25 == 0:
+                    reap_stale(self.study)  # the twin's process may have died
                 twin = self.study._storage.get_trial(candidate.twin)
                 if twin.state == TrialState.RUNNING:
                     continue
                 if not (counts_toward_budget(twin) and "row" in twin.user_attrs):
                     return False
-                if self.heartbeat:
-                    self.heartbeat.discard(candidate.trial._trial_id)
                 self._reuse(candidate.trial, twin)
                 return True
         return False
@@ -311,16 +360,17 @@ class StudyRunner:
 
     def complete(self, candidate: Candidate, result: dict) -> dict:
         with self.lock:
-            if self.heartbeat:
-                self.heartbeat.discard(candidate.trial._trial_id)
             return self._finish(candidate.trial, candidate.config, result)
 
     def abandon(self, candidate: Candidate) -> None:
         """An interrupted trial: failed without an outcome, so a later run redoes it."""
         with self.lock:
-            if self.heartbeat:
-                self.heartbeat.discard(candidate.trial._trial_id)
-            self.study.tell(candidate.trial, state=TrialState.FAIL)
+            self._drop(candidate.trial)
+
+    def _drop(self, trial: optuna.Trial) -> None:
+        if self.heartbeat:
+            self.heartbeat.discard(trial._trial_id)
+        self.study.tell(trial, state=TrialState.FAIL)
 
     def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> dict:
         row = self.make_row(config, result, trial.number)
@@ -334,6 +384,8 @@ class StudyRunner:
         # CSV row the study lacks.
         trial.set_user_attr("row", row)
         trial.set_user_attr("status", status)
+        if self.heartbeat:
+            self.heartbeat.discard(trial._trial_id)
         if status == "ok":
             self.study.tell(trial, value)
         else:

@@ -54,13 +54,10 @@ class Target:
     def target_violation(self, space: Space, config: Mapping[str, int], elt: int, *,
                          op: str | None = None, dtype: str | None = None) -> str | None:
         """The first reason `config` cannot run on this target, or None."""
-        problem = space.violated(config, elt, self.arch)
+        problem = (self.dtype_problem(op, dtype) if op is not None and dtype is not None else None) \
+            or space.violated(config, elt, self.arch)
         if problem:
             return problem
-        if op is not None and dtype is not None:
-            problem = self.dtype_problem(op, dtype)
-            if problem:
-                return problem
         cost = space.cost(config, elt, self.arch)
         if cost["threads"] > self.max_threads_per_block:
             return f"needs {cost['threads']} threads per block; {self.name} allows {self.max_threads_per_block}"

@@ -206,21 +206,94 @@ def test_a_kill_at_any_write_leaves_a_trial_that_is_redone_or_kept(tmp_path):
     assert after[measured.number].state == TrialState.COMPLETE and after[measured.number].value == 2.5
 
 
-def test_trial_numbers_decide_who_takes_the_last_slot(tmp_path):
-    """Budget 2, one trial measured, two processes' trials claimed at once: the lower number runs."""
+def _runner(tmp_path, budget):
+    import optuna
+
+    from autotune import studies
+
+    storage = studies.open_storage(f"sqlite:///{tmp_path / 't.db'}")
+    study = optuna.create_study(storage=storage)
+    runner = studies.StudyRunner(study, view=studies.SpaceView(None, {"B": [1, 2, 9]}, None, 3), budget=budget,
+                                 check=lambda c: None, make_row=None)
+    runner._suggest = lambda trial: {"B": 1}
+    return storage, study, runner
+
+
+def test_trials_left_by_dead_processes_never_stall_the_survivors(tmp_path, monkeypatch):
+    """One trial with no config (its process killed right after `ask`) and one of another host
+    whose heartbeat went stale after its outcome was written hold the last budget slots: the
+    survivor waits, reaps them, keeps the written outcome and goes on."""
+    from optuna.trial import TrialState
+
+    from autotune import studies
+
+    monkeypatch.setattr(studies, "ORPHAN_S", 0.5)
+    monkeypatch.setattr(studies, "CLAIM_WAIT_S", 0.2)
+    storage, study, runner = _runner(tmp_path, budget=2)
+    configless, elsewhere = study.ask(), study.ask()
+    for key, value in (("owner", "another-host:1"), ("config", {"B": 9}), ("row", {"time_ms": 3.0}),
+                       ("status", "ok")):
+        elsewhere.set_user_attr(key, value)
+    monkeypatch.setattr(storage, "_get_stale_trial_ids", lambda study_id: [elsewhere._trial_id])
+    candidate = runner.next_candidate()
+    assert candidate is not None and candidate.config == {"B": 1} and candidate.twin is None
+    after = {t.number: t for t in study.get_trials()}
+    assert after[elsewhere.number].state == TrialState.COMPLETE and after[elsewhere.number].value == 3.0
+    assert studies._orphaned(after[configless.number])  # passed over, and failed by the next reap
+    studies.reap_stale(study)
+    assert study.get_trials()[configless.number].state == TrialState.FAIL
+
+
+def test_a_twin_whose_process_dies_is_measured_here(tmp_path):
+    import subprocess
+    import threading
+
+    from optuna.trial import TrialState
+
+    from autotune import studies
+
+    _, study, runner = _runner(tmp_path, budget=3)
+    other = subprocess.Popen(["sleep", "60"])  # the twin's process, alive when the candidate is placed
+    twin = study.ask()
+    for key, value in (("owner", f"{studies.socket.gethostname()}:{other.pid}"), ("config", {"B": 1})):
+        twin.set_user_attr(key, value)
+    candidate = runner.next_candidate()
+    assert candidate.twin == twin._trial_id
+    other.kill()
+    other.wait()
+    assert not runner.reuse_twin(candidate, threading.Event())  # no result coming: measure it here
+    assert study.get_trials()[twin.number].state == TrialState.FAIL
+
+
+def test_trial_numbers_decide_who_takes_the_last_slot_and_who_measures(tmp_path):
+    """Trials of two processes claimed at once: the lower number runs; a later claim of a
+    config copies the earlier live or finished trial of it instead of measuring it again."""
     import optuna
 
     from autotune import studies
 
     study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
-    first = study.ask()
-    for key, value in (("config", {"B": 1}), ("row", {"time_ms": 1.0}), ("status", "ok")):
+
+    def claimed(b):
+        trial = study.ask()
+        trial.set_user_attr("config", {"B": b})
+        return trial
+
+    first = claimed(1)
+    for key, value in (("row", {"time_ms": 1.0}), ("status", "ok")):
         first.set_user_attr(key, value)
     study.tell(first, 1.0)
-    mine, theirs = study.ask(), study.ask()
-    for trial, b in ((mine, 2), (theirs, 3)):
-        trial.set_user_attr("config", {"B": b})
-    runner = studies.StudyRunner(study, view=None, budget=2, check=lambda c: None, make_row=None)
-    assert not runner._no_slot_left(mine) and runner._no_slot_left(theirs)
-    study.tell(mine, state=optuna.trial.TrialState.FAIL)  # mine died without an outcome: theirs may go
-    assert not runner._no_slot_left(theirs)
+    mine, theirs, same = claimed(2), claimed(3), claimed(2)
+    runner = studies.StudyRunner(study, view=None, budget=3, check=lambda c: None, make_row=None)
+    assert runner._place(mine, {"B": 2}) == ("measure", None)
+    assert runner._place(theirs, {"B": 3}) == ("measure", None)
+    verdict, twin = runner._place(same, {"B": 2})
+    assert verdict == "full"  # budget 3: the first, mine and theirs
+    runner.budget = 4
+    verdict, twin = runner._place(same, {"B": 2})
+    assert verdict == "twin" and twin.number == mine.number
+    verdict, done = runner._place(same, {"B": 1})
+    assert verdict == "reuse" and done.number == first.number
+    study.tell(mine, state=optuna.trial.TrialState.FAIL)  # mine died without an outcome
+    runner.budget = 3
+    assert runner._place(same, {"B": 2}) == ("measure", None)

@@ -1,4 +1,5 @@
 """The experiment scripts' CPU-side logic: result checks, loss-curve files, the generated README."""
+import pandas as pd
 import torch
 
 from experiments import bench_kernels, compare, report
@@ -36,3 +37,12 @@ def test_loss_curve_file_keeps_other_widths(tmp_path):
     compare.write_curve(path, 128, [3.0] * 12)  # a rerun replaces its own width only
     rows = compare.existing_rows(path)
     assert [(r["hidden"], r["step"]) for r in rows] == [("1024", "2"), ("128", "10"), ("128", "12")]
+
+
+def test_stress_sharing_judges_each_round(tmp_path):
+    from experiments import stress_sharing
+    out = tmp_path / "stress.csv"
+    assert stress_sharing.main(["--rounds", "1", "--out", str(out)]) == 0
+    rows = pd.read_csv(out)
+    assert list(rows["kind"]) == ["kill", "share"] and rows["ok"].all()
+    assert (rows["measured"] == stress_sharing.BUDGET).all() and rows["commit"].notna().all()

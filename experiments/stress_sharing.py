@@ -1,0 +1,102 @@
+"""Stress the tuner's bookkeeping where processes die or share a study (CPU, no GPU).
+
+Two trials, repeated `--rounds` times each, with the test backend (tests/fake_backend.py)
+whose configs take `FAKE_COMPILE_S` to "compile", so kills land inside real trial work:
+- kill: a search is SIGKILLed at a random moment, then the same command is rerun;
+- share: two searches start at once on one new storage (two machines, in effect).
+Each round must end with exactly the budget measured and no config measured twice.
+One CSV row per round: experiments/results/stress_sharing_cpu.csv.
+
+    python -m experiments.stress_sharing --rounds 20
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from autotune.provenance import provenance
+
+REPO = Path(__file__).resolve().parent.parent
+BUDGET = 12
+
+
+def _search(out: Path, storage: Path, seed: int) -> list[str]:
+    return [sys.executable, "-m", "autotune.search", "--out", str(out), "--storage", f"sqlite:///{storage}",
+            "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
+            "--shapes", "16x16x16", "--sampler", "random", "--trials", str(BUDGET), "--seed", str(seed)]
+
+
+def _env() -> dict:
+    return dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend", TRITON_INTERPRET="1",
+                FAKE_COMPILE_S="0.1")
+
+
+def _judge(csvs: list[Path]) -> dict:
+    rows = pd.concat([pd.read_csv(c) for c in csvs if c.exists()])
+    measured = rows[rows["status"] != "invalid"]
+    fresh = measured[measured["reused_from"].isna()]
+    return {"measured": len(measured), "budget": BUDGET,
+            "configs_measured_twice": int(fresh.duplicated(["BLOCK_M", "BLOCK_N", "SPLIT"]).sum()),
+            "trials_in_two_rows": int(rows.duplicated(["trial"]).sum())}
+
+
+def kill_round(tmp: Path, rng: random.Random) -> dict:
+    cmd = _search(tmp / "out", tmp / "t.db", 3)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_s = rng.uniform(2.0, 4.5)  # from start-up to the last trials on this 2-core machine
+    time.sleep(kill_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    csv = tmp / "out" / "cpu" / "trials.csv"
+    before = _judge([csv])["measured"] if csv.exists() else 0
+    rerun = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
+    return {"kill_after_s": round(kill_s, 2), "measured_before_kill": before,
+            "exit_codes": str(rerun.returncode), **_judge([csv])}
+
+
+def share_round(tmp: Path, rng: random.Random) -> dict:
+    procs = [subprocess.Popen(_search(tmp / f"m{i}", tmp / "t.db", i), cwd=REPO, env=_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in (1, 2)]
+    codes = [p.wait() for p in procs]
+    return {"kill_after_s": None, "measured_before_kill": None, "exit_codes": " ".join(map(str, codes)),
+            **_judge([tmp / f"m{i}" / "cpu" / "trials.csv" for i in (1, 2)])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of each kind")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the kill times")
+    ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "stress_sharing_cpu.csv")
+    args = ap.parse_args(argv)
+    rng, rows = random.Random(args.seed), []
+    prov = provenance()
+    for kind, run in (("kill", kill_round), ("share", share_round)):
+        for i in tqdm(range(args.rounds), desc=kind):
+            with tempfile.TemporaryDirectory() as tmp:
+                row = run(Path(tmp), rng)
+            row["ok"] = (row["measured"] == BUDGET and not row["configs_measured_twice"]
+                         and not row["trials_in_two_rows"] and set(row["exit_codes"].split()) == {"0"})
+            rows.append({"kind": kind, "round": i, **row, **prov})
+    table = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out, index=False)
+    print(table.groupby("kind")["ok"].agg(ok="sum", rounds="count").to_string())
+    killed = table[table["kind"] == "kill"]["measured_before_kill"]
+    print(f"kills that interrupted the search (fewer than {BUDGET} measured): {(killed < BUDGET).sum()} "
+          f"of {len(killed)}")
+    print(f"rows: {args.out}")
+    return 0 if table["ok"].all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
