@@ -107,7 +107,7 @@ class Search:
             load_store(self.best_path, self.target)  # refuse to build on a broken file
         self.storage = studies.open_storage(args.storage)
         self.lock = threading.Lock()
-        self.heartbeat = studies.Heartbeat(self.storage, self.lock)
+        self.heartbeat = studies.Heartbeat(self.storage)
         self.pool = Evaluator(self.target.name, args.workers, args.timeout, args.out / "logs" / self.target.name)
         self.prov = provenance()
         self.stop = threading.Event()
@@ -162,11 +162,13 @@ class Search:
         return name, view, study, runner, baselines
 
     def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
-        """Rows of finished trials the study has but the CSV lacks (killed between the two
-        writes); read now, since another process may share this CSV."""
+        """Rows the study has but the CSV lacks, of trials whose process on this host died
+        between the two writes. Read now: another process may share this CSV, and a live
+        one writes its own rows (as other machines write theirs, to their own CSVs)."""
         have = self.csv.keys()
         for t in study.get_trials(deepcopy=False):
-            if t.state != TrialState.RUNNING and "status" in t.user_attrs and (name, str(t.number)) not in have:
+            if (t.state != TrialState.RUNNING and "status" in t.user_attrs and (name, str(t.number)) not in have
+                    and studies.owner_dead(t.user_attrs.get("owner"))):
                 self.csv.append(t.user_attrs["row"])
 
     def baselines(self, job: Job) -> dict:
@@ -187,9 +189,7 @@ class Search:
     def run_study(self, job: Job, opened) -> None:
         name, view, study, runner, baselines = opened
         start_measured = runner.measured()
-        left = max(0, self.budget - start_measured)
-        if view.valid is not None:
-            left = min(left, max(0, len(view.valid) - start_measured))
+        left = runner.left()
         if left:
             self.bar.set_description(f"{job.call.op}:{job.backend}:{job.call.dtype}:{job.call.key}")
             baselines.update(self.baselines(job))
@@ -235,8 +235,12 @@ class Search:
             if self.stop.is_set():
                 runner.abandon(candidate)
                 return
-            result = self.pool.evaluate(index, job.call, job.backend, candidate.config,
-                                        self.args.seed * 1_000_003 + candidate.trial.number)
+            try:
+                result = self.pool.evaluate(index, job.call, job.backend, candidate.config,
+                                            self.args.seed * 1_000_003 + candidate.trial.number)
+            except BaseException:
+                runner.abandon(candidate)  # no outcome: the slot goes back to the budget
+                raise
             if self.stop.is_set():
                 runner.abandon(candidate)
                 return
@@ -281,9 +285,8 @@ class Search:
     def run(self) -> int:
         opened = [(job, self.open(job)) for job in self.plan.jobs]
         total = 0
-        for job, (_, view, _, runner, _) in opened:
-            left = max(0, self.budget - runner.measured())
-            total += min(left, len(view.valid)) if view.valid is not None else left
+        for _, (_, _, _, runner, _) in opened:
+            total += runner.left()
         interrupted = False
         self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
         try:

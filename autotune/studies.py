@@ -21,6 +21,7 @@ import importlib.util
 import itertools
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -45,7 +46,22 @@ HEARTBEAT_S, GRACE_S = 30, 120
 ORPHAN_S = 300
 CLAIM_WAIT_S = 10  # how long a trial waits for earlier ones of other processes to pick their configs
 WAIT_S = 0.5  # how often a runner whose budget is all in flight looks again
-OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _host_id() -> str:
+    """This host as its processes see it: containers sharing a hostname differ in pid
+    namespace, and a reboot changes the boot id (pids start over)."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(Path(path).read_text().strip()[:8] if "boot" in path else str(os.stat(path).st_ino))
+        except OSError:
+            pass
+    return "/".join(parts)
+
+
+HOST = _host_id()
+OWNER = f"{HOST}:{os.getpid()}"
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
@@ -112,6 +128,14 @@ class _Grid(optuna.samplers.GridSampler):
     def after_trial(self, study, trial, state, values) -> None:
         pass
 
+    # A FAILed trial (dropped, interrupted, or reaped after its process died) measured
+    # nothing: its grid point stays to visit, where GridSampler counts it as done.
+    def _get_unvisited_grid_ids(self, study) -> list[int]:
+        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        told = {t.system_attrs.get("grid_id") for t in trials if t.state.is_finished() and t.state != TrialState.FAIL}
+        failed = {t.system_attrs.get("grid_id") for t in trials if t.state == TrialState.FAIL} - told - {None}
+        return sorted(set(super()._get_unvisited_grid_ids(study)) | failed)
+
 
 @dataclass
 class SpaceView:
@@ -140,9 +164,9 @@ def config_key(config: dict) -> tuple:
     return tuple(sorted(config.items()))
 
 
-def _owner_dead(owner: str | None) -> bool:
+def owner_dead(owner: str | None) -> bool:
     host, _, pid = (owner or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    if host != HOST or not pid.isdigit():
         return False  # another machine's trial: its heartbeat decides
     try:
         os.kill(int(pid), 0)
@@ -182,7 +206,7 @@ def reap_stale(study: optuna.Study) -> int:
     stale = set(study._storage._get_stale_trial_ids(study._study_id))
     reaped = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not (trial._trial_id in stale or _owner_dead(trial.user_attrs.get("owner")) or _orphaned(trial)):
+        if not (trial._trial_id in stale or owner_dead(trial.user_attrs.get("owner")) or _orphaned(trial)):
             continue
         try:
             status = trial.user_attrs.get("status")
@@ -232,8 +256,22 @@ class StudyRunner:
     gave_up: str = ""
 
     def measured(self) -> int:
+        """Finished trials that count toward the budget, from every process."""
         with self.lock:
-            return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False))
+            return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False)
+                       if t.state != TrialState.RUNNING)
+
+    def left(self) -> int:
+        """Trials the study still needs: the budget not yet finished, capped by the valid
+        configs no finished trial has taken. Trials in flight elsewhere are not deducted:
+        their processes may die, and a runner waits for them (next_candidate)."""
+        with self.lock:
+            finished = [t for t in self.study.get_trials(deepcopy=False)
+                        if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+        left = self.budget - len(finished)
+        if self.view.valid is not None:
+            left = min(left, len(self.view.valid) - len({config_key(t.user_attrs["config"]) for t in finished}))
+        return max(0, left)
 
     def _suggest(self, trial: optuna.Trial) -> dict[str, int]:
         try:
@@ -241,7 +279,7 @@ class StudyRunner:
                 return {n: v[trial.suggest_int(f"{n}#index", 0, len(v) - 1)] for n, v in self.view.values.items()}
             return {n: trial.suggest_categorical(n, v) for n, v in self.view.values.items()}
         except ValueError as exc:
-            self.study.tell(trial, state=TrialState.FAIL)
+            self._drop(trial)
             raise SearchError(f"study {self.study.study_name}: {exc}. The backend's space changed since the "
                               "study was created; pass --study-prefix to start new studies.") from None
 
@@ -326,9 +364,14 @@ class StudyRunner:
         for t in finished:
             if "row" in t.user_attrs and config_key(t.user_attrs["config"]) == key:
                 return "reuse", t
-        for t in sorted(earlier, key=lambda t: t.number):
+        # A trial marked as measuring never waits, so waiting never goes round in a circle; the
+        # mark also catches an earlier trial whose sampler took longer than CLAIM_WAIT_S.
+        live = earlier + [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("measuring")
+                          and t.number != trial.number]
+        for t in sorted(live, key=lambda t: (not t.user_attrs.get("measuring"), t.number)):
             if config_key(t.user_attrs.get("config", {})) == key:
                 return "twin", t
+        trial.set_user_attr("measuring", True)
         return "measure", None
 
     def reuse_twin(self, candidate: Candidate, stop: threading.Event) -> bool:
@@ -370,7 +413,7 @@ class StudyRunner:
     def _drop(self, trial: optuna.Trial) -> None:
         if self.heartbeat:
             self.heartbeat.discard(trial._trial_id)
-        self.study.tell(trial, state=TrialState.FAIL)
+        self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
     def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> dict:
         row = self.make_row(config, result, trial.number)
@@ -382,10 +425,16 @@ class StudyRunner:
         # an outcome as complete, so a kill anywhere here leaves either a trial
         # the next run redoes or one whose row it copies into the CSV, never a
         # CSV row the study lacks.
-        trial.set_user_attr("row", row)
-        trial.set_user_attr("status", status)
         if self.heartbeat:
             self.heartbeat.discard(trial._trial_id)
+        try:
+            trial.set_user_attr("row", row)
+            trial.set_user_attr("status", status)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another process took it for dead and failed it (its heartbeat went unrecorded
+            # for the grace period): the outcome is lost and the config goes back to the sampler.
+            print(f"autotune: trial {trial.number} was ended elsewhere; its result is dropped", file=sys.stderr)
+            return
         if status == "ok":
             self.study.tell(trial, value)
         else:
@@ -395,27 +444,35 @@ class StudyRunner:
 
 class Heartbeat:
     """Keeps in-flight trials alive in the storage, so other machines can tell
-    a slow trial from a dead one."""
+    a slow trial from a dead one. Its own lock: a runner busy with a slow
+    sampler must not starve it past the grace period."""
 
-    def __init__(self, storage: optuna.storages.RDBStorage, lock: threading.Lock):
-        self.storage, self.lock = storage, lock
+    def __init__(self, storage: optuna.storages.RDBStorage):
+        self.storage = storage
         self.ids: set[int] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def add(self, trial_id: int) -> None:
-        self.ids.add(trial_id)
+        with self._lock:
+            self.ids.add(trial_id)
         self.storage.record_heartbeat(trial_id)
 
     def discard(self, trial_id: int) -> None:
-        self.ids.discard(trial_id)
+        with self._lock:
+            self.ids.discard(trial_id)
 
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            with self.lock:
-                for trial_id in list(self.ids):
+            with self._lock:
+                ids = list(self.ids)
+            for trial_id in ids:
+                try:
                     self.storage.record_heartbeat(trial_id)
+                except Exception as exc:  # noqa: BLE001 - a storage hiccup must not end the heartbeat
+                    print(f"autotune: heartbeat of trial {trial_id} not recorded: {exc}", file=sys.stderr)
 
     def stop(self) -> None:
         self._stop.set()

@@ -188,7 +188,7 @@ def test_a_kill_at_any_write_leaves_a_trial_that_is_redone_or_kept(tmp_path):
     from autotune import studies
 
     study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
-    dead = f"{studies.socket.gethostname()}:999999999"  # no such pid
+    dead = f"{studies.HOST}:999999999"  # no such pid
     unclaimed = study.ask()  # killed right after ask
     half = study.ask()  # killed after the row, before the status
     for key, value in (("owner", dead), ("config", {"B": 1}), ("row", {"time_ms": 1.0})):
@@ -255,7 +255,7 @@ def test_a_twin_whose_process_dies_is_measured_here(tmp_path):
     _, study, runner = _runner(tmp_path, budget=3)
     other = subprocess.Popen(["sleep", "60"])  # the twin's process, alive when the candidate is placed
     twin = study.ask()
-    for key, value in (("owner", f"{studies.socket.gethostname()}:{other.pid}"), ("config", {"B": 1})):
+    for key, value in (("owner", f"{studies.HOST}:{other.pid}"), ("config", {"B": 1})):
         twin.set_user_attr(key, value)
     candidate = runner.next_candidate()
     assert candidate.twin == twin._trial_id
@@ -297,3 +297,34 @@ def test_trial_numbers_decide_who_takes_the_last_slot_and_who_measures(tmp_path)
     study.tell(mine, state=optuna.trial.TrialState.FAIL)  # mine died without an outcome
     runner.budget = 3
     assert runner._place(same, {"B": 2}) == ("measure", None)
+
+
+def test_a_config_picked_late_by_an_earlier_trial_is_copied_not_measured_twice(tmp_path, monkeypatch):
+    """An earlier trial whose sampler outlasted CLAIM_WAIT_S picks the config a later one is
+    already measuring: it waits for that one instead of measuring it again."""
+    from autotune import studies
+
+    monkeypatch.setattr(studies, "CLAIM_WAIT_S", 0.1)
+    _, study, runner = _runner(tmp_path, budget=3)
+    slow, fast = study.ask(), study.ask()
+    fast.set_user_attr("config", {"B": 2})
+    assert runner._place(fast, {"B": 2}) == ("measure", None)  # after waiting 0.1 s for `slow`
+    slow.set_user_attr("config", {"B": 2})
+    verdict, twin = runner._place(slow, {"B": 2})
+    assert verdict == "twin" and twin.number == fast.number
+
+
+def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
+    import optuna
+
+    from autotune import studies
+
+    sampler = studies.make_sampler("grid", 0, {"B": [1, 2, 3]})
+    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"), sampler=sampler)
+    seen = []
+    for _ in range(4):
+        trial = study.ask()
+        seen.append(trial.suggest_categorical("B", [1, 2, 3]))
+        # the first trial is dropped (no outcome), the others are told
+        study.tell(trial, state=optuna.trial.TrialState.FAIL) if len(seen) == 1 else study.tell(trial, 1.0)
+    assert sorted(seen[1:]) == [1, 2, 3] and seen[0] in seen[1:]
