@@ -7,7 +7,7 @@ On a machine with a CUDA GPU:
      configs and print one summary table.
 Without a GPU nothing can be timed, so it does what a CPU can and says what it skipped:
   1. compiles the kernels' search spaces offline for sm_90 (`--compile-only`),
-     recording registers, shared memory and spills;
+     recording registers, shared memory and spills under experiments/runs/quickstart/;
   2. trains with the torch backend on the CPU, and with the Triton backend under
      the Triton interpreter on a few steps of a small model.
 Each step is the CLI a user would type, printed before it runs.
@@ -49,8 +49,10 @@ def main(argv=None) -> int:
             "the cuda backend of the trainer (raw CUDA needs a GPU)",
             "the full-size triton training run (the Triton interpreter is far too slow for it)",
         ]
+        # Not into experiments/sm_90/, which holds the H200's own trials and winners.
         run([py, "-m", "autotune.search", "--compile-only", "--target", "sm_90",
-             "--ops", "matmul,relu,softmax_cross_entropy", "--backends", "cuda,triton", "--trials", "4"], results)
+             "--ops", "matmul,relu,softmax_cross_entropy", "--backends", "cuda,triton", "--trials", "4",
+             "--out", "experiments/runs/quickstart"], results)
         run([py, "-m", "trainer.run", "--backend", "torch", "--epochs", "2"], results)
         run([py, "-m", "trainer.run", "--backend", "triton", "--hidden", "32", "--batch-size", "32",
              "--steps", "30"], results)
