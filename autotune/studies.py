@@ -180,19 +180,30 @@ def owner_dead(owner: str | None) -> bool:
 _CONFIGLESS_SINCE: dict[int, float] = {}  # storage id -> when this process first saw it without a config
 
 
-def _configless_for(trial: optuna.trial.FrozenTrial) -> float | None:
-    """Seconds this process has seen `trial` without a config (by its own monotonic
-    clock, since the asking host's clock and time zone are unknown); None once it has one."""
+def _on_this_host(study: optuna.Study) -> bool:
+    """A SQLite storage is a local file: every process using it runs on this host, so
+    the start times Optuna records (naive local time) are on this host's clock."""
+    storage = getattr(study._storage, "_backend", study._storage)
+    return str(getattr(storage, "url", "")).startswith("sqlite")
+
+
+def _configless_for(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> float | None:
+    """Seconds `trial` has been without a config; None once it has one. By its start time
+    when that is on this host's clock (SQLite), else by how long this process has seen it
+    so (the asking host's clock and time zone are unknown)."""
     if "config" in trial.user_attrs:
         return None
     now = time.monotonic()
-    return now - _CONFIGLESS_SINCE.setdefault(trial._trial_id, now)
+    seen = now - _CONFIGLESS_SINCE.setdefault(trial._trial_id, now)
+    if trial.datetime_start is not None and _on_this_host(study):
+        return max(seen, (_dt.datetime.now() - trial.datetime_start).total_seconds())
+    return seen
 
 
-def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
+def _orphaned(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
     """Asked for but never given a config: its process died in the first writes after
     `ask`, before a heartbeat could speak for it on other hosts."""
-    age = _configless_for(trial)
+    age = _configless_for(study, trial)
     return age is not None and age > ORPHAN_S
 
 
@@ -206,7 +217,7 @@ def reap_stale(study: optuna.Study) -> int:
     stale = set(study._storage._get_stale_trial_ids(study._study_id))
     reaped = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not (trial._trial_id in stale or owner_dead(trial.user_attrs.get("owner")) or _orphaned(trial)):
+        if not (trial._trial_id in stale or owner_dead(trial.user_attrs.get("owner")) or _orphaned(study, trial)):
             continue
         try:
             status = trial.user_attrs.get("status")
@@ -304,7 +315,7 @@ class StudyRunner:
         while True:
             trials = self.study.get_trials(deepcopy=False)
             finished = [t for t in trials if t.state != TrialState.RUNNING and counts_toward_budget(t)]
-            live = [t for t in trials if t.state == TrialState.RUNNING and not _orphaned(t)]
+            live = [t for t in trials if t.state == TrialState.RUNNING and not _orphaned(self.study, t)]
             tried = {config_key(t.user_attrs["config"]) for t in finished + live if "config" in t.user_attrs}
             exhausted = self.view.valid is not None and len(tried) >= len(self.view.valid)
             if len(finished) >= self.budget or (exhausted and not live):
@@ -312,8 +323,7 @@ class StudyRunner:
             if len(finished) + len(live) >= self.budget or exhausted:
                 reap_stale(self.study)  # what is in flight may fill the budget, or may be dead
                 return _WAIT
-            trial = self.study.ask()
-            trial.set_user_attr("owner", OWNER)
+            trial = self._ask_owned()
             if self.heartbeat:
                 self.heartbeat.add(trial._trial_id)  # from now on other hosts can tell if it dies
             config = self._suggest(trial)
@@ -336,6 +346,16 @@ class StudyRunner:
                 continue
             return Candidate(trial, config, other._trial_id if verdict == "twin" else None)
 
+    def _ask_owned(self) -> optuna.Trial:
+        """`study.ask()`, except that the trial is created RUNNING with its owner in one storage
+        write: a kill can never leave a started trial that names no owner (which only a long
+        wait could then tell from a live one). Optuna's own `ask` writes the trial first."""
+        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={"owner": OWNER})
+        if hasattr(self.study, "_thread_local"):
+            self.study._thread_local.cached_all_trials = None  # as `ask` does: samplers see fresh trials
+        trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        return optuna.Trial(self.study, trial_id)
+
     def _place(self, trial: optuna.Trial, config: dict) -> tuple[str, optuna.trial.FrozenTrial | None]:
         """Where a claimed trial stands among the processes sharing the storage.
 
@@ -352,8 +372,8 @@ class StudyRunner:
         while True:
             trials = self.study.get_trials(deepcopy=False)
             earlier = [t for t in trials if t.state == TrialState.RUNNING and t.number < trial.number
-                       and not _orphaned(t)]
-            ages = [_configless_for(t) for t in earlier]
+                       and not _orphaned(self.study, t)]
+            ages = [_configless_for(self.study, t) for t in earlier]
             if all(age is None or age > CLAIM_WAIT_S for age in ages):
                 break  # every earlier trial has its config, or is late enough to be presumed dead
             time.sleep(0.05)  # a config is a suggestion and a storage write away

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import statistics
 import sys
 from dataclasses import replace
@@ -47,11 +48,13 @@ VARIANTS = {
     "triton-tuned": dict(backend="triton", configs="TUNED"),
     "triton-default": dict(backend="triton", configs="none"),
 }
-KEY = ("variant", "hidden", "dtype", "protocol", "steps", "commit")
-COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "protocol", "steps",
+# A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",
+# "10 epochs"), `configs_sha` the tuned store the row ran on (the store is data, not code).
+KEY = ("variant", "hidden", "dtype", "protocol", "run_length", "configs_sha", "commit")
+COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "protocol", "run_length", "steps",
            "median_step_us", "p20_step_us", "p80_step_us", "train_seconds", "setup_seconds", "final_loss",
            "test_accuracy", "seconds_to_98", "speedup_vs_torch_eager", "max_loss_diff_vs_torch_eager",
-           "config_source", "run_csv", *provenance()]
+           "config_source", "configs_sha", "run_csv", *provenance()]
 
 
 def base_config(protocol: str, dtype: str, steps: int | None) -> Config:
@@ -60,6 +63,20 @@ def base_config(protocol: str, dtype: str, steps: int | None) -> Config:
     if steps:
         values["steps"] = steps
     return Config(**values)
+
+
+def run_length(cfg: Config) -> str:
+    return f"{cfg.steps} steps" if cfg.steps else f"{cfg.epochs} epochs"
+
+
+def file_sha(path: str | None) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12] if path and Path(path).is_file() else ""
+
+
+def eager_from_row(row: dict) -> tuple[list[float] | None, float]:
+    """An earlier torch-eager row's step time, and its losses if its run file is still here."""
+    run_csv = RESULTS.parent / "runs" / row["run_csv"]
+    return (read_losses(str(run_csv))[0] if run_csv.is_file() else None), float(row["median_step_us"])
 
 
 def read_losses(run_csv: str) -> tuple[list[float], list[float]]:
@@ -113,12 +130,12 @@ def main(argv=None) -> int:
     out = RESULTS / f"{stem}_{device_slug()}_{dtype}.csv"
     rows = existing_rows(out)
     commit = provenance()["commit"]
-    done = {tuple(str(r[k]) for k in KEY) for r in rows}
+    done = {tuple(str(r.get(k, "")) for k in KEY): r for r in rows}
     curves_dir = RESULTS / "loss_curves"
     curves_dir.mkdir(parents=True, exist_ok=True)
 
     for h in hidden:
-        eager_losses = None
+        eager_losses, eager_us = None, None  # this width's torch-eager run: the reference
         for variant in ["torch-eager"] + [v for v in variants if v != "torch-eager"]:
             if variant == "torch-max-autotune" and h not in mat_h:
                 continue
@@ -129,8 +146,11 @@ def main(argv=None) -> int:
                     continue
                 spec["configs"] = str(tuned)
             cfg = replace(base, hidden=h, **spec)
-            key = (variant, str(h), dtype, args.protocol, str(cfg.steps), commit)
-            if key in done and variant != "torch-eager":
+            sha = file_sha(spec.get("configs"))
+            key = (variant, str(h), dtype, args.protocol, run_length(cfg), sha, commit)
+            if key in done:
+                if variant == "torch-eager":
+                    eager_losses, eager_us = eager_from_row(done[key])
                 continue
             print(f"== {variant} h{h} {dtype}", file=sys.stderr, flush=True)
             try:
@@ -141,21 +161,21 @@ def main(argv=None) -> int:
             losses, times = read_losses(s.csv)
             if variant == "torch-eager":
                 eager_losses, eager_us = losses, s.median_step_us
-                if key in done:
-                    continue
             row = dict(variant=variant, backend=cfg.backend, hidden=h, layers=cfg.layers,
-                       batch_size=cfg.batch_size, dtype=dtype, protocol=args.protocol, steps=s.steps,
-                       median_step_us=s.median_step_us, p20_step_us=quantile(times, 0.2),
+                       batch_size=cfg.batch_size, dtype=dtype, protocol=args.protocol, run_length=run_length(cfg),
+                       steps=s.steps, median_step_us=s.median_step_us, p20_step_us=quantile(times, 0.2),
                        p80_step_us=quantile(times, 0.8), train_seconds=s.train_seconds,
                        setup_seconds=s.setup_seconds, final_loss=s.final_loss, test_accuracy=s.test_accuracy,
-                       seconds_to_98=s.seconds_to_98, speedup_vs_torch_eager=eager_us / s.median_step_us,
+                       seconds_to_98=s.seconds_to_98,
+                       speedup_vs_torch_eager=eager_us / s.median_step_us if eager_us else "",
                        max_loss_diff_vs_torch_eager=max(abs(a - b) for a, b in zip(losses, eager_losses))
                        if eager_losses else "",
-                       config_source=s.config_source, run_csv=Path(s.csv).name, **s.provenance)
+                       config_source=s.config_source, configs_sha=sha, run_csv=Path(s.csv).name, **s.provenance)
             rows.append(row)
+            done[key] = row
             write_csv(out, rows)
             write_curve(curves_dir / f"losses_{device_slug()}_{dtype}_{args.protocol}_{variant}.csv", h, losses)
-            print(f"   {s.median_step_us:9.1f} us/step  x{row['speedup_vs_torch_eager']:.2f} vs eager  "
+            print(f"   {s.median_step_us:9.1f} us/step  {_x(row['speedup_vs_torch_eager'])} vs eager  "
                   f"acc {s.test_accuracy:.4f}  loss {s.final_loss:.4f}", file=sys.stderr, flush=True)
     print_table(rows)
     print(f"wrote {out}")
@@ -182,11 +202,15 @@ def write_curve(path: Path, hidden: int, losses: list[float]) -> None:
         writer.writerows([(hidden, step, f"{loss:.7g}") for step, loss in picked])
 
 
+def _x(speedup) -> str:
+    return f"x{float(speedup):.2f}" if speedup not in ("", None) else "x  -  "
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"{'variant':20} {'H':>5} {'us/step':>9} {'vs eager':>8} {'acc':>7} {'loss':>8} {'setup s':>8}")
     for r in rows:
         print(f"{r['variant']:20} {r['hidden']:>5} {float(r['median_step_us']):9.1f} "
-              f"{float(r['speedup_vs_torch_eager']):8.2f} {float(r['test_accuracy']):7.4f} "
+              f"{_x(r['speedup_vs_torch_eager']):>8} {float(r['test_accuracy']):7.4f} "
               f"{float(r['final_loss']):8.4f} {float(r['setup_seconds']):8.1f}")
 
 

@@ -26,6 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from experiments.report import latest  # noqa: E402
+
 EXPERIMENTS = Path(__file__).resolve().parent
 RESULTS = EXPERIMENTS / "results"
 
@@ -33,7 +35,9 @@ RESULTS = EXPERIMENTS / "results"
 def step_time(gpu: str) -> list[Path]:
     made = []
     for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")):
-        df = pd.read_csv(path)
+        df = latest(pd.read_csv(path), ["variant", "hidden"])
+        if df.empty:
+            continue
         dtype = path.stem.split("_")[-1]
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(2, 1))
         for variant, g in df.groupby("variant"):
@@ -111,6 +115,8 @@ def roofline(gpu: str) -> list[Path]:
         return []
     df = pd.read_csv(path)
     ok = df[df.status == "ok"]
+    if (ok.op == "copy").sum() == 0:
+        return []  # the ceiling is the copy measured in the same run
     copy_gbps = ok[ok.op == "copy"].gbps.iloc[0]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     ew = ok[ok.group == "elementwise"]
@@ -121,6 +127,10 @@ def roofline(gpu: str) -> list[Path]:
     left.set(xlabel="GB/s (bytes read + written)", title="memory-bound kernels, 256M fp32")
     left.legend(fontsize=8)
     mm = ok[ok.op == "matmul"].copy()
+    if mm.empty:  # e.g. `bench_kernels --only elementwise`
+        right.set_axis_off()
+        right.text(0.5, 0.5, "no matmul rows in this CSV", ha="center")
+        return [save(fig, f"roofline_{gpu}.png")]
     elt = mm.dtype.map({"fp32": 4, "fp16": 2, "bf16": 2})
     dims = mm["shape"].str.split(":").str[0].str.split("x", expand=True).astype(float)
     m, n, k = dims[0], dims[1], dims[2]
@@ -161,10 +171,16 @@ def main(argv=None) -> int:
         "search convergence": lambda: search_convergence(args.gpu, args.target, tuning),
         "roofline": lambda: roofline(args.gpu),
     }
+    failed = 0
     for name, make in makers.items():
-        made = make()
+        try:
+            made = make()
+        except Exception as exc:  # noqa: BLE001 - one odd CSV must not cost the other plots
+            failed += 1
+            print(f"{name}: FAILED ({type(exc).__name__}: {exc})", file=sys.stderr)
+            continue
         print(f"{name}: {', '.join(p.name for p in made) if made else 'skipped (no input CSV)'}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

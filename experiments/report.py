@@ -19,6 +19,12 @@ README = EXPERIMENTS.parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
+def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The last row of each `by` group: a rerun at a new commit appends rows, and the
+    newest measurement is the one to show, not an average across code versions."""
+    return df.drop_duplicates(by, keep="last")
+
+
 def _provenance(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     return (f"{r['device']}, {str(r['utc'])[:10]}, torch {r['torch']}, triton {r['triton']}, "
@@ -79,7 +85,9 @@ def kernels_section(gpu: str) -> list[str]:
 def compare_section(gpu: str) -> list[str]:
     lines = []
     for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")) + sorted(RESULTS.glob(f"trainer_{gpu}_*.csv")):
-        df = pd.read_csv(path)
+        df = latest(pd.read_csv(path), ["variant", "hidden"])
+        if df.empty:
+            continue
         piv = df.pivot_table(index="variant", columns="hidden", values="median_step_us")
         piv = piv.map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
         piv.columns = [f"H={c} µs" for c in piv.columns]
@@ -104,6 +112,8 @@ def tuning_section(gpu: str, target: str) -> list[str]:
     if not path.exists():
         return []
     df = pd.read_csv(path)
+    if df.empty:
+        return []
     counts = df.status.value_counts().to_dict()
     lines = [f"### Tuning ({target}, {_provenance(df)})", "",
              f"`python -m autotune.search --workload mnist-mlp` — {len(df)} trials in "

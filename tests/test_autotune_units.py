@@ -239,7 +239,7 @@ def test_trials_left_by_dead_processes_never_stall_the_survivors(tmp_path, monke
     assert candidate is not None and candidate.config == {"B": 1} and candidate.twin is None
     after = {t.number: t for t in study.get_trials()}
     assert after[elsewhere.number].state == TrialState.COMPLETE and after[elsewhere.number].value == 3.0
-    assert studies._orphaned(after[configless.number])  # passed over, and failed by the next reap
+    assert studies._orphaned(study, after[configless.number])  # passed over, and failed by the next reap
     studies.reap_stale(study)
     assert study.get_trials()[configless.number].state == TrialState.FAIL
 

@@ -46,3 +46,39 @@ def test_stress_sharing_judges_each_round(tmp_path):
     rows = pd.read_csv(out)
     assert list(rows["kind"]) == ["kill", "share"] and rows["ok"].all()
     assert (rows["measured"] == stress_sharing.BUDGET).all() and rows["commit"].notna().all()
+
+
+def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_width(tmp_path, monkeypatch):
+    """Training faked: a rerun trains nothing; a new tuned store redoes only the tuned rows;
+    each width's speedups are against that width's torch-eager step time."""
+    import types
+
+    trained = []
+
+    def fake_train(cfg):
+        trained.append((cfg.backend, cfg.hidden, cfg.configs))
+        runs = tmp_path / "runs"
+        runs.mkdir(exist_ok=True)
+        run_csv = runs / f"run{len(trained)}.csv"
+        run_csv.write_text("step,loss,step_time_us\n1,2.0,10\n2,1.5,10\n3,1.0,10\n")
+        step_us = {"torch": 1000.0, "cuda": 250.0}[cfg.backend] * cfg.hidden / 128
+        return types.SimpleNamespace(steps=3, median_step_us=step_us, train_seconds=1.0, setup_seconds=0.5,
+                                     final_loss=1.0, test_accuracy=0.9, seconds_to_98=None, config_source="x",
+                                     csv=str(run_csv), provenance={"commit": "abc"})
+
+    store = tmp_path / "best.json"
+    store.write_text("{}")
+    monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(compare, "train", fake_train)
+    monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
+    args = ["--protocol", "default", "--hidden", "128,1024", "--variants", "torch-eager,cuda-tuned",
+            "--max-autotune-hidden=", "--configs", str(store)]
+    assert compare.main(args) == 0 and len(trained) == 4
+    assert compare.main(args) == 0 and len(trained) == 4  # nothing redone
+    store.write_text('{"entries": []}')  # re-tuned: only the tuned rows are redone
+    assert compare.main(args) == 0 and trained[4:] == [("cuda", 128, str(store)), ("cuda", 1024, str(store))]
+    rows = pd.read_csv(next((tmp_path / "results").glob("trainer_*_fp32.csv")))
+    assert (rows.loc[rows.variant == "cuda-tuned", "speedup_vs_torch_eager"] == 4.0).all()
+    assert (rows.loc[rows.variant == "cuda-tuned", "max_loss_diff_vs_torch_eager"] == 0.0).all()
+    assert rows.configs_sha.nunique(dropna=True) == 2 and rows.run_length.eq("10 epochs").all()

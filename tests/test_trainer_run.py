@@ -121,3 +121,15 @@ def test_corrupt_config_store_is_refused_unless_defaults_are_allowed(tmp_path, c
                            out=str(tmp_path)))
     assert "not valid JSON" in capsys.readouterr().err
     assert summary.config_source == "default" and summary.steps == 2
+
+
+def test_another_gpus_store_is_refused_unless_defaults_are_allowed(tmp_path, monkeypatch):
+    from trainer import configs
+
+    path = _store_file(tmp_path, [])
+    monkeypatch.setattr(configs, "local_gpu", lambda: ("sm_86", "a smaller GPU"))
+    cfg = Config(**{**TINY_TRITON, "target": "sm_90"}, configs=str(path), out=str(tmp_path))
+    with pytest.raises(ConfigStoreRefused, match=r"--target sm_90 is not this GPU \(sm_86\)"):
+        configs.open_store(cfg)
+    assert configs.open_store(Config(**{**TINY_TRITON, "target": "sm_90"}, configs=str(path), out=str(tmp_path),
+                                     allow_default_configs=True)) is None

@@ -60,6 +60,11 @@ class Config:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.steps < 0 or (self.epochs < 1 and self.steps == 0):
             raise ValueError("need epochs >= 1 or steps >= 1")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: each epoch's end), got {self.eval_every}")
+        if self.train_subset < 0 or 0 < self.train_subset < self.batch_size:
+            raise ValueError(f"train_subset must be 0 (all) or at least one batch ({self.batch_size}), "
+                             f"got {self.train_subset}")
 
 
 PRESETS: dict[str, dict] = {
@@ -111,4 +116,7 @@ def from_args(argv: list[str] | None = None) -> Config:
     if "epochs" in given:  # --epochs on top of a --steps preset means whole epochs
         values.pop("steps", None)
     values.update(given)
-    return Config(**values)
+    try:
+        return Config(**values)
+    except ValueError as e:
+        parser().error(str(e))  # exits 2 with the usage line, as for any bad flag

@@ -49,6 +49,11 @@ def open_store(config: Config):
     if path is None:
         return None
     try:
+        local = local_gpu()
+        if local and target_name(config.target) != local[0]:
+            # Configs are checked against their target's limits: another GPU's may not fit this one.
+            raise StoreError(f"--target {config.target} is not this GPU ({local[0]}); its configs may not "
+                             f"run here. Use --target auto, or tune for {local[0]}")
         return load_store(path, target_name(config.target))
     except (StoreError, OSError) as e:
         if not config.allow_default_configs:
