@@ -237,7 +237,7 @@ class Search:
                 return
             try:
                 result = self.pool.evaluate(index, job.call, job.backend, candidate.config,
-                                            self.args.seed * 1_000_003 + candidate.trial.number)
+                                            self.args.seed * 1_000_003 + candidate.trial.number + 1)
             except BaseException:
                 runner.abandon(candidate)  # no outcome: the slot goes back to the budget
                 raise

@@ -120,18 +120,16 @@ class Runner:
         return answer
 
     def measure(self, req: dict) -> dict:
-        from autotune.workload import TOLERANCE, expected, relative_error, run
+        from autotune.workload import check_result, expected, run
 
         if self.prepared is None:
             return {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
         call, fn, config, inputs, device = self.prepared
         try:
             outputs = run(fn, call.op, inputs.clone(), config)
-            error = relative_error(outputs, expected(call.op, inputs))
-            tolerance = TOLERANCE[call.dtype]
-            if not error <= tolerance:
-                return {"ok": False, "status": "wrong_result", "rel_err": error,
-                        "error": f"relative error {error:.3g} > {tolerance:g} allowed for {call.dtype}"}
+            error, problem = check_result(outputs, expected(call.op, inputs))
+            if problem:
+                return {"ok": False, "status": "wrong_result", "rel_err": error, "error": problem}
             timed = inputs.clone()
             args, kwargs = timed.args, dict(timed.kwargs, **({"config": config} if config is not None else {}))
             timing = self._time(lambda: fn(*args, **kwargs), device, int(req.get("reps", 100)),

@@ -82,7 +82,13 @@ class WorkerProcess:
             how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
             return {"ok": False, "status": "launch_error",
                     "error": f"worker process died ({how}); its log ends: {self.log_tail() or '(empty)'}"}
-        answer = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:  # not the protocol: something in the worker wrote to its channel
+            self._kill()
+            self.restarts += 1
+            return {"ok": False, "status": "launch_error",
+                    "error": f"worker answered {line[:200]!r}, not JSON; worker restarted"}
         if answer.get("fatal"):
             self._kill()
             self.restarts += 1
@@ -109,11 +115,10 @@ class WorkerProcess:
     def _kill(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:  # the group too: a crashed worker may leave compilers (nvcc, ptxas) running
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         code = self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:

@@ -101,9 +101,24 @@ def test_inputs_are_fresh_random_and_the_reference_checks_them(op, shape, layout
         assert inputs.args[1].dtype == torch.int64 and inputs.args[1].max() < 10
     from kernels_cuda.reference import native
     outputs = workload.run(getattr(native, op), op, inputs.clone(), None)
-    assert workload.relative_error(outputs, workload.expected(op, inputs)) < 1e-5
+    error, problem = workload.check_result(outputs, workload.expected(op, inputs))
+    assert error < 1e-5 and problem is None
+    outputs[0].view(-1)[-1] += 0.1 * outputs[0].abs().max()  # one element off by a tenth
+    assert workload.check_result(outputs, workload.expected(op, inputs))[1] is not None
     outputs[0].view(-1)[0] = float("nan")
-    assert workload.relative_error(outputs, workload.expected(op, inputs)) == float("inf")
+    assert workload.check_result(outputs, workload.expected(op, inputs)) == (float("inf"), "output 0: NaN or Inf")
+
+
+def test_the_gate_catches_one_wrong_tile_of_a_big_bf16_matmul():
+    gen = torch.Generator().manual_seed(2)
+    inputs = workload.make_inputs("matmul", "bf16", (2048, 2048, 64), "nn", "cpu", gen)
+    from kernels_cuda.reference import native
+    (out,) = workload.run(getattr(native, "matmul"), "matmul", inputs.clone(), None)
+    refs = workload.expected("matmul", inputs)
+    assert workload.check_result([out], refs)[1] is None
+    out[-32:, -32:] = 0  # a tile the kernel never wrote: the norm-wise error alone lets it pass
+    error, problem = workload.check_result([out], refs)
+    assert error < workload.TOLERANCE["bf16"] and "worst element" in problem
 
 
 def test_flops_and_bytes():
