@@ -234,9 +234,9 @@ def reap_stale(study: optuna.Study) -> int:
 
 
 def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
-    if trial.state == TrialState.RUNNING:
-        return "config" in trial.user_attrs  # an unclaimed trial measures nothing (yet)
-    return trial.user_attrs.get("status") not in (None, "invalid")
+    """A finished trial with an outcome other than `invalid`. Live trials are weighed apart,
+    by who asked first (StudyRunner._place)."""
+    return trial.state != TrialState.RUNNING and trial.user_attrs.get("status") not in (None, "invalid")
 
 
 _WAIT = object()  # StudyRunner: the rest of the budget is in flight; look again soon
@@ -269,16 +269,14 @@ class StudyRunner:
     def measured(self) -> int:
         """Finished trials that count toward the budget, from every process."""
         with self.lock:
-            return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False)
-                       if t.state != TrialState.RUNNING)
+            return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False))
 
     def left(self) -> int:
         """Trials the study still needs: the budget not yet finished, capped by the valid
         configs no finished trial has taken. Trials in flight elsewhere are not deducted:
         their processes may die, and a runner waits for them (next_candidate)."""
         with self.lock:
-            finished = [t for t in self.study.get_trials(deepcopy=False)
-                        if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+            finished = [t for t in self.study.get_trials(deepcopy=False) if counts_toward_budget(t)]
         left = self.budget - len(finished)
         if self.view.valid is not None:
             left = min(left, len(self.view.valid) - len({config_key(t.user_attrs["config"]) for t in finished}))
@@ -314,7 +312,7 @@ class StudyRunner:
         streak = 0
         while True:
             trials = self.study.get_trials(deepcopy=False)
-            finished = [t for t in trials if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+            finished = [t for t in trials if counts_toward_budget(t)]
             live = [t for t in trials if t.state == TrialState.RUNNING and not _orphaned(self.study, t)]
             tried = {config_key(t.user_attrs["config"]) for t in finished + live if "config" in t.user_attrs}
             exhausted = self.view.valid is not None and len(tried) >= len(self.view.valid)
@@ -377,7 +375,7 @@ class StudyRunner:
             if all(age is None or age > CLAIM_WAIT_S for age in ages):
                 break  # every earlier trial has its config, or is late enough to be presumed dead
             time.sleep(0.05)  # a config is a suggestion and a storage write away
-        finished = [t for t in trials if t.state != TrialState.RUNNING and counts_toward_budget(t)]
+        finished = [t for t in trials if counts_toward_budget(t)]
         if len(finished) + len(earlier) >= self.budget:
             return "full", None
         key = config_key(config)

@@ -244,6 +244,11 @@ def output(name: str, out, shape: tuple[int, ...], dtype: torch.dtype, device: t
     return out
 
 
+def output_like(out, like: torch.Tensor) -> torch.Tensor:
+    """`out` of an elementwise op: contiguous, with `like`'s shape, dtype and device."""
+    return output("out", out, tuple(like.shape), like.dtype, like.device)
+
+
 def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate: str) -> tuple[int, int, int]:
     """M, N, K of op(a) @ op(b), where op transposes when its flag is set; every argument checked."""
     check_tensor("a", a, ndim=2, dtypes=FLOATS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _runtime as rt
-from .contract import (FLOATS, Space, bias_add_args, check_sgd_args, check_tensor, dtype_name, output,
+from .contract import (FLOATS, Space, bias_add_args, check_sgd_args, check_tensor, dtype_name, output_like,
                        relu_backward_args)
 
 _DT_CODE = {"fp32": 0, "fp16": 1, "bf16": 2}
@@ -48,14 +48,10 @@ def _launch_flat(op: str, variant: rt.Variant, cfg, dev: int, n: int, args) -> N
     rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1), args, for_=rt.tag(op, dtype, cfg))
 
 
-def _output(out, like: torch.Tensor) -> torch.Tensor:
-    return output("out", out, tuple(like.shape), like.dtype, like.device)
-
-
 def relu(x, *, out=None, config=None):
     check_tensor("x", x, dtypes=FLOATS)
     dev, cfg = rt.setup("x", x, SPACE, config)
-    out = _output(out, x)
+    out = output_like(out, x)
     if x.numel() == 0:
         return out
     x = x.contiguous()
@@ -69,7 +65,7 @@ def relu(x, *, out=None, config=None):
 def relu_backward(grad, y, *, out=None, config=None):
     relu_backward_args(grad, y)
     dev, cfg = rt.setup("grad", grad, SPACE, config)
-    out = _output(out, grad)
+    out = output_like(out, grad)
     if grad.numel() == 0:
         return out
     grad, y = grad.contiguous(), y.contiguous()
@@ -84,7 +80,7 @@ def bias_add(x, bias, *, activation=None, out=None, config=None):
     bias_add_args(x, bias, activation)
     dev, cfg = rt.setup("x", x, SPACE, config)
     ncols = x.shape[1]
-    out = _output(out, x)
+    out = output_like(out, x)
     if x.numel() == 0:
         return out
     x, bias = x.contiguous(), bias.contiguous()

@@ -110,14 +110,10 @@ def _plan(op: str, x, other, out, *, ncols: int, relu: bool, config, vec_tensors
     return rt.Plan(op, dtype, cfg, _elementwise_kernel, grid, args, cfg["num_warps"])
 
 
-def _output(out, like: torch.Tensor) -> torch.Tensor:
-    return contract.output("out", out, tuple(like.shape), like.dtype, like.device)
-
-
 def plan_relu(x, *, out=None, config=None):
     contract.check_tensor("x", x, dtypes=contract.FLOATS)
     rt.check_device("x", x)
-    out = _output(out, x)
+    out = contract.output_like(out, x)
     x = rt.flat_input(x)
     return out, _plan("relu", x, x, out, ncols=1, relu=True, config=config, vec_tensors=(x, out))
 
@@ -125,7 +121,7 @@ def plan_relu(x, *, out=None, config=None):
 def plan_relu_backward(grad, y, *, out=None, config=None):
     contract.relu_backward_args(grad, y)
     rt.check_device("grad", grad)
-    out = _output(out, grad)
+    out = contract.output_like(out, grad)
     grad, y = rt.flat_input(grad), rt.flat_input(y)
     return out, _plan("relu_backward", grad, y, out, ncols=1, relu=False, config=config,
                       vec_tensors=(grad, y, out))
@@ -134,7 +130,7 @@ def plan_relu_backward(grad, y, *, out=None, config=None):
 def plan_bias_add(x, bias, *, activation=None, out=None, config=None):
     contract.bias_add_args(x, bias, activation)
     rt.check_device("x", x)
-    out = _output(out, x)
+    out = contract.output_like(out, x)
     x, bias = rt.flat_input(x), rt.flat_input(bias)
     return out, _plan("bias_add", x, bias, out, ncols=x.shape[1], relu=activation == "relu", config=config,
                       vec_tensors=(x, bias, out))
