@@ -81,6 +81,37 @@ def assert_column_sums(out, grad, what="out"):
     assert err <= 1e-6, f"{what}: column error {err:.3g} of the terms' magnitude > 1e-06"
 
 
+def assert_sgd_close(params, bufs, start, grads_by_step, *, lr_by_step, momentum, weight_decay, what=""):
+    """params (and momentum bufs) after the steps, element by element, against float64.
+
+    Each step rounds at most six times per element in fp32 (g + wd*p, momentum*buf + d,
+    p - lr*d: a product and a sum each; fewer with fused multiply-adds), and an error
+    carried into the next step is scaled by momentum, lr or wd, all <= 1. So after s steps
+    an element is off by at most 6*s*u times the magnitude of every term that reached it,
+    u = 2**-24: the same recurrence run on absolute values with the update's sign flipped
+    (p + lr*d) bounds those magnitudes. Relative to the result itself no fixed bound holds:
+    a buffer whose terms cancel (0.81*g1 + 0.9*g2 + g3 near 0) has a tiny value and an
+    ordinary rounding error. A wrong rule (a dropped term, lr applied twice, a bf16
+    rounding of d) is off by far more than 6*s*u of the magnitude, and fails.
+    """
+    p0, b0 = start
+    ref_p, ref_b = [p.double() for p in p0], [b.double() for b in b0] if momentum else None
+    mag_p, mag_b = [p.double().abs() for p in p0], [b.double().abs() for b in b0] if momentum else None
+    for grads, lr in zip(grads_by_step, lr_by_step):
+        ref_p, new_b = exact.sgd_update(ref_p, grads, ref_b, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        mag_p, new_mag_b = exact.sgd_update(mag_p, [g.abs() for g in grads], mag_b, lr=-lr, momentum=momentum,
+                                            weight_decay=weight_decay)
+        ref_b, mag_b = (new_b, new_mag_b) if momentum else (None, None)
+    bound = 6 * len(grads_by_step) * 2.0**-24
+    pairs = [(f"params[{i}]", p, r, m) for i, (p, r, m) in enumerate(zip(params, ref_p, mag_p))]
+    if momentum:
+        pairs += [(f"momentum_bufs[{i}]", b, r, m) for i, (b, r, m) in enumerate(zip(bufs, ref_b, mag_b))]
+    for name, out, ref, mag in pairs:
+        assert not out.isnan().any(), f"{what}{name}: NaN (unwritten element?)"
+        err = ((out.double().cpu() - ref.cpu()).abs() / mag.cpu().clamp_min(1e-300)).max().item() if out.numel() else 0
+        assert err <= bound, f"{what}{name}: error {err:.3g} of the terms' magnitude > {bound:.3g}"
+
+
 def assert_exact(out, ref, what="out"):
     """Equal to the float64 result rounded once to out's dtype (NaN where it is NaN).
 
@@ -416,29 +447,56 @@ def test_softmax_cross_entropy_large(ops, device, rng, dtype):
 
 # ----------------------------------------------------------------------------- sgd_update
 
-@pytest.mark.parametrize("grad_dtype", DTYPES)
-@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-2), (0.9, 1e-2)])
-def test_sgd_update(ops, device, rng, momentum, weight_decay, grad_dtype):
+SGD_HYPERS = [(0.0, 0.0), (0.9, 0.0), (0.0, 1e-2), (0.9, 1e-2)]
+
+
+def sgd_problem(rng, device, grad_dtype, momentum, steps=3):
+    """Params of awkward sizes and layouts (one element, misaligned, strided grads), their
+    buffers and `steps` steps of fresh grads under an lr schedule."""
     shapes = [(7,), (33, 5), (1000,), (4099,), (1,)]
     params = [randn(rng, s, "fp32", device) for s in shapes]
     params[1] = laid_out(params[1], "offset1")  # contiguous, misaligned
-    bufs = [torch.zeros(s, dtype=torch.float32, device=device) for s in shapes] if momentum else None
-    ref_params = [p.double() for p in params]
-    ref_bufs = [b.double() for b in bufs] if momentum else None
-    for step in range(3):
+    bufs = [randn(rng, s, "fp32", device) for s in shapes] if momentum else None
+    grads_by_step = []
+    for _ in range(steps):
         grads = [randn(rng, s, grad_dtype, device) for s in shapes]
         grads[2] = laid_out(grads[2], "offset1")
         grads[3] = laid_out(grads[3], "strided")
-        lr = 0.1 / (step + 1)  # a schedule: lr changes between steps
+        grads_by_step.append(grads)
+    lrs = [0.1 / (step + 1) for step in range(steps)]  # a schedule: lr changes between steps
+    return params, bufs, grads_by_step, lrs
+
+
+@pytest.mark.parametrize("grad_dtype", DTYPES)
+@pytest.mark.parametrize("momentum,weight_decay", SGD_HYPERS)
+def test_sgd_update(ops, device, rng, momentum, weight_decay, grad_dtype):
+    params, bufs, grads_by_step, lrs = sgd_problem(rng, device, grad_dtype, momentum)
+    start = ([p.clone() for p in params], [b.clone() for b in bufs] if momentum else None)
+    for grads, lr in zip(grads_by_step, lrs):
         ops.sgd_update(params, grads, bufs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        ref_params, new_bufs = exact.sgd_update(ref_params, grads, ref_bufs, lr=lr, momentum=momentum,
-                                                weight_decay=weight_decay)
-        ref_bufs = new_bufs if momentum else None
-    for i, (p, ref) in enumerate(zip(params, ref_params)):
-        assert_rel(p, ref, 1e-6, f"params[{i}]")
-    if momentum:
-        for i, (b, ref) in enumerate(zip(bufs, ref_bufs)):
-            assert_rel(b, ref, 1e-6, f"momentum_bufs[{i}]")
+    assert_sgd_close(params, bufs, start, grads_by_step, lr_by_step=lrs, momentum=momentum,
+                     weight_decay=weight_decay)
+
+
+WRONG_SGD = {
+    "lr applied twice": lambda p, b, g, lr, m, wd: (p - 2 * lr * (m * b + g + wd * p), m * b + g + wd * p),
+    "weight decay dropped": lambda p, b, g, lr, m, wd: (p - lr * (m * b + g), m * b + g),
+    "buffer not kept": lambda p, b, g, lr, m, wd: (p - lr * (m * b + g + wd * p), b),
+    "d rounded to bf16": lambda p, b, g, lr, m, wd: (
+        p - lr * (m * b + g + wd * p).bfloat16().float(), (m * b + g + wd * p).bfloat16().float()),
+}
+
+
+@pytest.mark.parametrize("wrong", WRONG_SGD)
+def test_sgd_check_fails_a_wrong_update(rng, wrong):
+    """The bound of assert_sgd_close is tight enough to reject each of these rules."""
+    params, bufs, grads_by_step, lrs = sgd_problem(rng, "cpu", "fp32", 0.9)
+    start = ([p.clone() for p in params], [b.clone() for b in bufs])
+    for grads, lr in zip(grads_by_step, lrs):
+        for i, g in enumerate(grads):
+            params[i], bufs[i] = WRONG_SGD[wrong](params[i], bufs[i], g.float(), lr, 0.9, 1e-2)
+    with pytest.raises(AssertionError, match="magnitude"):
+        assert_sgd_close(params, bufs, start, grads_by_step, lr_by_step=lrs, momentum=0.9, weight_decay=1e-2)
 
 
 def test_sgd_update_special(ops, device):
@@ -553,10 +611,9 @@ def small_problem(op, dtype, device, rng):
         p = randn(rng, (3001,), "fp32", device)
         g = randn(rng, (3001,), dtype, device)
         buf = randn(rng, (3001,), "fp32", device)
-        ref_p, ref_b = exact.sgd_update([p], [g], [buf], lr=0.1, momentum=0.9, weight_decay=0.01)
+        start = ([p.clone()], [buf.clone()])
         ops.sgd_update([p], [g], [buf], lr=0.1, momentum=0.9, weight_decay=0.01, config=cfg)
-        assert_rel(p, ref_p[0], 1e-6, "param")
-        assert_rel(buf, ref_b[0], 1e-6, "buf")
+        assert_sgd_close([p], [buf], start, [[g]], lr_by_step=[0.1], momentum=0.9, weight_decay=0.01)
     return run_sgd
 
 
