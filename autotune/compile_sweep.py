@@ -19,17 +19,17 @@ import threading
 from tqdm import tqdm
 
 from autotune.plan import Plan
-from autotune.provenance import COLUMNS as PROVENANCE, provenance
+from kernels_core.provenance import COLUMNS as PROVENANCE, provenance
 from autotune.studies import view_space
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.worker_pool import WorkerProcess, worker_env
-from kernels_cuda.contract import DTYPES
+from kernels_core.contract import DTYPES
 
 DEFAULT_CAP = 256
 BATCH = 8
 
 
-def _sample(view, target, op, dtype, elt, cap: int, seed: int) -> tuple[list[tuple[int, dict]], int | None]:
+def _sample(view, target, elt, cap: int, seed: int) -> tuple[list[tuple[int, dict]], int | None]:
     """(index, config) pairs to compile and the number of valid configs (None: too many to count)."""
     rng = random.Random(seed)
     if view.valid is not None:
@@ -46,7 +46,7 @@ def _sample(view, target, op, dtype, elt, cap: int, seed: int) -> tuple[list[tup
         for p, s in zip(picks, sizes):
             index = index * s + p
         config = {n: view.space.params[n][p] for n, p in zip(names, picks)}
-        if target.target_violation(view.space, config, elt, op=op, dtype=dtype) is None:
+        if target.target_violation(view.space, config, elt) is None:
             chosen[index] = config
     return sorted(chosen.items()), None
 
@@ -60,17 +60,17 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
     notes, studies, total = [], [], 0
     for (backend, module), op, dtype in itertools.product(plan.modules.items(), plan.ops, plan.dtypes):
         what, elt = f"{op}:{backend}:{dtype}", DTYPES[dtype].itemsize
-        problem = target.dtype_problem(op, dtype)
-        if problem:
-            notes.append(f"skipped {what}: {problem}")
-            continue
         try:
             space = module.space(op, dtype)
         except Exception as exc:  # the backend does not offer this op/dtype
             notes.append(f"skipped {what}: {backend}.space failed: {type(exc).__name__}: {exc}")
             continue
-        view = view_space(space, target, elt, op, dtype)
-        picked, n_valid = _sample(view, target, op, dtype, elt, cap, args.seed)
+        problem = target.space_problem(space, elt)
+        if problem:
+            notes.append(f"skipped {what}: {problem}")
+            continue
+        view = view_space(space, target, elt)
+        picked, n_valid = _sample(view, target, elt, cap, args.seed)
         name = f"{args.study_prefix}{target.name}:{op}:{backend}:{dtype}:compile"
         pruned = "?" if n_valid is None else view.total - n_valid
         studies.append({"study": name, "op": op, "backend": backend, "dtype": dtype,

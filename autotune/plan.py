@@ -5,10 +5,11 @@ import argparse
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from autotune import backends
+from kernels_core import backends
 from autotune.targets import Target, resolve_target
 from autotune.workload import Call, calls_for_shapes, mnist_mlp_calls, parse_shapes
-from kernels_cuda.contract import DTYPES, OPS, Space
+from kernels_core.contract import DTYPES, OPS
+from kernels_core.space import Space
 
 
 @dataclass
@@ -69,14 +70,14 @@ def build_plan(args: argparse.Namespace) -> Plan:
         for call in calls:
             for name, module in plan.modules.items():
                 what = f"{call.op}:{name}:{dtype}:{call.key}"
-                problem = target.dtype_problem(call.op, dtype)
-                if problem:
-                    plan.skipped.append(f"{what}: {problem}")
-                    continue
                 try:
                     space = module.space(call.op, dtype)
                 except Exception as exc:  # the backend does not offer this op/dtype
                     plan.skipped.append(f"{what}: {name}.space failed: {type(exc).__name__}: {exc}")
+                    continue
+                problem = target.space_problem(space, DTYPES[dtype].itemsize)
+                if problem:
+                    plan.skipped.append(f"{what}: {problem}")
                     continue
                 plan.jobs.append(Job(name, call, space))
     for op in ops:

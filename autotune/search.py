@@ -2,9 +2,9 @@
 
 Every trial runs in a worker subprocess (autotune.worker): compile, check
 against the float64 reference on fresh random inputs, time (on a GPU, ten calls
-replayed as one CUDA graph, autotune.timing.bench_in_graph: the kernel's own
+replayed as one CUDA graph, kernels_core.timing.bench_in_graph: the kernel's own
 time with inputs warm in L2, as inside a graphed training step; per call with
-L2 flushed, autotune.timing.bench, for an op that cannot be captured or on the
+L2 flushed, kernels_core.timing.bench, for an op that cannot be captured or on the
 CPU). Results go to <out>/<target>/trials.csv (a row per
 trial, flushed as it ends), the Optuna storage (committed per trial), and
 <out>/<target>/best.json (the winners, rewritten atomically after each study).
@@ -17,7 +17,6 @@ them against --trials, and reuses configs any of them measured.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import fcntl
 import sys
 import threading
@@ -28,17 +27,17 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from autotune import compile_sweep, studies
-from autotune.backends import BackendError
+from kernels_core.backends import BackendError
 from autotune.plan import Job, Plan, build_plan
-from autotune.provenance import COLUMNS as PROVENANCE, provenance
+from kernels_core.provenance import COLUMNS as PROVENANCE, REPO, provenance, utc_now
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from autotune.studies import SAMPLERS, SearchError, StudyRunner
 from autotune.targets import TARGETS, TargetError
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.evaluate import Evaluator
-from autotune.worker_pool import REPO, WorkerStartError
+from autotune.worker_pool import WorkerStartError
 from autotune.workload import metric, throughput
-from kernels_cuda.contract import DTYPES
+from kernels_core.contract import DTYPES
 
 DEFAULT_TRIALS = 50
 
@@ -88,10 +87,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _fmt_config(config: dict | None) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items()) if config else "-"
 
@@ -122,7 +117,7 @@ class Search:
         peak = self.target.peak(kind, call.dtype)
         default_ms, torch_ms = baselines.get("default_ms"), baselines.get("torch_ms")
         row = {
-            **{k: self.prov.get(k) for k in PROVENANCE}, "utc": _now(), "target": self.target.name,
+            **{k: self.prov.get(k) for k in PROVENANCE}, "utc": utc_now(), "target": self.target.name,
             "op": call.op, "backend": job.backend, "dtype": call.dtype, "shape": call.key, **config,
             "status": result["status"], "error": result.get("error"),
             "time_ms": t, "time_p20_ms": result.get("time_p20_ms"), "time_p80_ms": result.get("time_p80_ms"),
@@ -144,7 +139,7 @@ class Search:
     def open(self, job: Job):
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
         name = studies.study_name(self.args.study_prefix, self.target.name, call.op, job.backend, call.dtype, call.key)
-        view = studies.view_space(job.space, self.target, elt, call.op, call.dtype)
+        view = studies.view_space(job.space, self.target, elt)
         sampler = studies.make_sampler(self.args.sampler, self.args.seed, view.values,
                                        parallel=len(self.pool) > 1)
         with self.lock:
@@ -153,7 +148,7 @@ class Search:
             studies.reap_stale(study)
             self._copy_missing_rows(study, name)
         baselines: dict = {}
-        check = lambda config: self.target.target_violation(job.space, config, elt, op=call.op, dtype=call.dtype)
+        check = lambda config: self.target.target_violation(job.space, config, elt)
         runner = StudyRunner(study, view, self.budget, check,
                              make_row=lambda config, result, number: self.make_row(
                                  job, name, baselines, config, result, number),
@@ -175,7 +170,7 @@ class Search:
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
         out = {}
         config = job.space.default_for(self.target.arch)
-        problem = self.target.target_violation(job.space, config, elt, op=call.op, dtype=call.dtype)
+        problem = self.target.target_violation(job.space, config, elt)
         default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
             0, call, job.backend, config, self.args.seed)
         torch_ = self.pool.evaluate(0, call, "torch", None, self.args.seed)

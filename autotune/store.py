@@ -18,10 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autotune import backends
+from kernels_core import backends
 from autotune.targets import TARGETS, Target
 from autotune.workload import LAYOUTS, OP_RANK, shape_key
-from kernels_cuda.contract import DTYPES, OPS, Space
+from kernels_core.contract import DTYPES, OPS
+from kernels_core.space import Space
 
 FORMAT = 1
 TOP_KEYS = {"target", "format", "entries"}
@@ -45,7 +46,7 @@ def parse_shape_key(key: str) -> tuple[tuple[int, ...], str]:
         shape = tuple(int(d) for d in dims.split("x"))
     except ValueError:
         raise ValueError(f"shape {key!r} is not like 128x1024x784:nn or 128x1024") from None
-    if min(shape) < 1 or shape_key("", shape, layout) != key:
+    if min(shape) < 1 or shape_key(shape, layout) != key:
         raise ValueError(f"shape {key!r} is not in canonical form (positive integers joined by 'x')")
     return shape, layout
 
@@ -181,7 +182,7 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
         space = space_of(backend, op, dtype)
     except Exception as exc:  # a backend that cannot say its space cannot vouch for the config
         return f"cannot get the {backend} space of {op} {dtype}: {type(exc).__name__}: {exc}"
-    problem = target.target_violation(space, config, DTYPES[dtype].itemsize, op=op, dtype=dtype)
+    problem = target.target_violation(space, config, DTYPES[dtype].itemsize)
     return f"config {config}: {problem}" if problem else None
 
 

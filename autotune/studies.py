@@ -34,7 +34,8 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from autotune.targets import Target
-from kernels_cuda.contract import Space
+from kernels_core.provenance import utc_now
+from kernels_core.space import Space
 
 OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
@@ -147,14 +148,14 @@ class SpaceView:
     total: int
 
 
-def view_space(space: Space, target: Target, elt: int, op: str, dtype: str) -> SpaceView:
+def view_space(space: Space, target: Target, elt: int) -> SpaceView:
     if space.size() > ENUMERATE_LIMIT:
         return SpaceView(space, {k: list(v) for k, v in space.params.items()}, None, space.size())
     names = list(space.params)
     valid = []
     for combo in itertools.product(*(space.params[n] for n in names)):
         config = dict(zip(names, combo))
-        if target.target_violation(space, config, elt, op=op, dtype=dtype) is None:
+        if target.target_violation(space, config, elt) is None:
             valid.append(config)
     values = {n: [v for v in space.params[n] if any(c[n] == v for c in valid)] for n in names}
     return SpaceView(space, values, valid, space.size())
@@ -415,7 +416,7 @@ class StudyRunner:
 
     def _reuse(self, trial: optuna.Trial, previous: optuna.trial.FrozenTrial) -> None:
         row = dict(previous.user_attrs["row"], trial=trial.number, reused_from=previous.number,
-                   utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                   utc=utc_now())
         self.reused += 1
         self._tell(trial, previous.user_attrs["status"], row, previous.value)
 

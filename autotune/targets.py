@@ -2,20 +2,19 @@
 
 Sources, cited per fact below:
   [CG]  CUDA C++ Programming Guide, "Technical Specifications per Compute
-        Capability" table (threads, registers, shared memory per SM/block).
-  [PTX] PTX ISA, sections "Warp-level matrix multiply-accumulate instructions"
-        (mma.sync shapes/types per target), "cp.async" (sm_80+),
-        "cp.async.bulk.tensor" (TMA) and "wgmma.mma_async" (both sm_90a).
+        Capability" table (threads and shared memory per block).
+What an instruction needs (mma.sync types, cp.async, wgmma) is each kernel's
+space's to say, as restrictions over `arch`.
 
 The SM count is a device fact (an H200 has 132 SMs, an H100 PCIe 114), so it is
 read from the device at run time, never assumed from the target.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
-from kernels_cuda.contract import Space
+from kernels_core.space import Space
 
 KB = 1024
 
@@ -24,38 +23,27 @@ KB = 1024
 class Target:
     name: str
     arch: int
-    smem_per_block_default: int  # [CG] without the opt-in attribute
     smem_per_block_optin: int  # [CG] cudaFuncAttributeMaxDynamicSharedMemorySize
-    smem_per_sm: int  # [CG]
-    max_threads_per_sm: int  # [CG]
-    mma: Mapping[str, tuple[str, ...]]  # [PTX] dtype -> mma.sync shapes
-    cp_async: bool  # [PTX] cp.async needs sm_80
-    tma: bool  # [PTX] cp.async.bulk.tensor needs sm_90
-    wgmma: bool  # [PTX] wgmma.mma_async needs sm_90a
-    registers_per_thread: int = 255  # [CG] same on every target here
-    registers_per_sm: int = 64 * KB  # [CG] 65536 32-bit registers
-    max_threads_per_block: int = 1024  # [CG]
+    max_threads_per_block: int = 1024  # [CG] the same on every target here
     # Measured ceilings (TFLOP/s per dtype for matmul, GB/s for memory-bound
     # ops); None where nobody has measured them on a device of this target.
     matmul_tflops: Mapping[str, float] | None = None
     copy_gbps: float | None = None
-    note: str = field(default="", compare=False)
 
-    def dtype_problem(self, op: str, dtype: str) -> str | None:
-        """Why this target cannot run `op` in `dtype` at all, or None.
+    def space_problem(self, space: Space, elt: int) -> str | None:
+        """Why no config of `space` can run on this target at all, or None.
 
-        Only matmul needs tensor-core support for a half type; elementwise
-        bf16 is emulated through fp32 on sm_75 (cuda_bf16.h), so it runs.
+        Which GPUs an op runs on is the space's to say (bf16 tensor cores start
+        at sm_80: `arch >= 80` in both twins' bf16 matmul spaces), so a study
+        that could only prune every suggestion is skipped instead.
         """
-        if op == "matmul" and dtype != "fp32" and dtype not in self.mma:
-            return f"{dtype} matmul needs {dtype} tensor cores (sm_80+); {self.name} has {sorted(self.mma)} only"
-        return None
+        if next(iter(space.configs(elt, self.arch)), None) is not None:
+            return None
+        return f"no config of its space runs on {self.name}: {space.violated(space.default_for(self.arch), elt, self.arch)}"
 
-    def target_violation(self, space: Space, config: Mapping[str, int], elt: int, *,
-                         op: str | None = None, dtype: str | None = None) -> str | None:
+    def target_violation(self, space: Space, config: Mapping[str, int], elt: int) -> str | None:
         """The first reason `config` cannot run on this target, or None."""
-        problem = (self.dtype_problem(op, dtype) if op is not None and dtype is not None else None) \
-            or space.violated(config, elt, self.arch)
+        problem = space.violated(config, elt, self.arch)
         if problem:
             return problem
         cost = space.cost(config, elt, self.arch)
@@ -73,32 +61,18 @@ class Target:
         return self.copy_gbps
 
 
-_SM80_MMA = {"fp16": ("m16n8k8", "m16n8k16"), "bf16": ("m16n8k8", "m16n8k16")}  # [PTX] sm_80
-
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("sm_75", 75, 48 * KB, 64 * KB, 64 * KB, 1024,
-               mma={"fp16": ("m16n8k8",)},  # [PTX] m16n8k8 f16 since sm_75; bf16 mma since sm_80
-               cp_async=False, tma=False, wgmma=False),
-        Target("sm_80", 80, 48 * KB, 163 * KB, 164 * KB, 2048, mma=_SM80_MMA,
-               cp_async=True, tma=False, wgmma=False),
-        Target("sm_86", 86, 48 * KB, 99 * KB, 100 * KB, 1536, mma=_SM80_MMA,
-               cp_async=True, tma=False, wgmma=False),
-        Target("sm_89", 89, 48 * KB, 99 * KB, 100 * KB, 1536, mma=_SM80_MMA,
-               cp_async=True, tma=False, wgmma=False),
-        Target("sm_90", 90, 48 * KB, 227 * KB, 228 * KB, 2048,
-               # [PTX] sm_90 keeps the sm_80 mma.sync shapes; wgmma m64nNk16 adds warpgroup MMA
-               mma={"fp16": ("m16n8k16", "wgmma.m64nNk16"), "bf16": ("m16n8k16", "wgmma.m64nNk16")},
-               cp_async=True, tma=True, wgmma=True,
-               # Measured on H200 (cuBLAS large-square matmul, device-to-device copy).
-               matmul_tflops={"bf16": 750.0, "fp16": 701.0, "fp32": 51.0}, copy_gbps=4245.0,
-               note="ceilings measured on H200"),
-        # The Triton interpreter on the host plays sm_90 (kernels_cuda.contract.device_arch),
+        Target("sm_75", 75, 64 * KB),
+        Target("sm_80", 80, 163 * KB),
+        Target("sm_86", 86, 99 * KB),
+        Target("sm_89", 89, 99 * KB),
+        # Measured on H200 (cuBLAS large-square matmul, device-to-device copy).
+        Target("sm_90", 90, 227 * KB, matmul_tflops={"bf16": 750.0, "fp16": 701.0, "fp32": 51.0}, copy_gbps=4245.0),
+        # The Triton interpreter on the host plays sm_90 (kernels_core.contract.device_arch),
         # so configs are pruned as for sm_90; its timings are host timings.
-        Target("cpu", 90, 48 * KB, 227 * KB, 228 * KB, 2048,
-               mma={"fp16": ("m16n8k16",), "bf16": ("m16n8k16",)},
-               cp_async=False, tma=False, wgmma=False, note="Triton interpreter / test backends"),
+        Target("cpu", 90, 227 * KB),
     )
 }
 GPU_TARGETS = tuple(name for name in TARGETS if name != "cpu")

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autotune.provenance import COLUMNS as PROVENANCE
+from kernels_core.provenance import COLUMNS as PROVENANCE
 
 LEADING = ("utc", "target", "device", "op", "backend", "dtype", "shape")
 TRAILING = (

@@ -11,7 +11,7 @@ stderr, the worker's log). The first line out is {"ready": true}.
       libraries cache binaries on disk) -> compile_s and resource figures
   {"cmd": "measure", "reps", "max_seconds"}
       correctness of the prepared call against the float64 reference, then
-      its time (autotune.timing; on a GPU, replays of a CUDA graph of a few
+      its time (kernels_core.timing; on a GPU, replays of a CUDA graph of a few
       calls) -> time_ms, time_p20_ms, time_p80_ms, rel_err
   {"cmd": "compile", "backend", "op", "dtype", "configs", "arch"}
       offline compile reports (no GPU needed) -> {"reports": [...]}
@@ -84,9 +84,9 @@ class Runner:
             return False
 
     def prepare(self, req: dict) -> dict:
-        from autotune import backends
+        from kernels_core import backends
         from autotune.workload import Call, run
-        from kernels_cuda import reference
+        from kernels_core import reference
 
         torch = self.torch
         self.prepared = None
@@ -146,7 +146,7 @@ class Runner:
         path around it (which a trainer replaying graphs does not pay either).
         An op that cannot be captured is timed call by call.
         """
-        from autotune.timing import bench, bench_in_graph
+        from kernels_core.timing import bench, bench_in_graph
 
         if device.type == "cuda":
             try:
@@ -157,7 +157,7 @@ class Runner:
         return bench(call, device=device, reps=reps, max_seconds=max_seconds)
 
     def compile(self, req: dict) -> dict:
-        from autotune import backends
+        from kernels_core import backends
 
         try:
             module = backends.load(req["backend"])

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kernels_core.provenance import REPO
+
 STARTUP_TIMEOUT_S = 600.0  # importing torch + a backend on a cold node can be slow
 
 

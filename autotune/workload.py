@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from kernels_cuda.contract import DTYPE_NAMES, DTYPES, OPS
-from kernels_cuda.reference import exact
+from kernels_core.contract import DTYPE_NAMES, DTYPES, OPS
+from kernels_core.reference import exact
 
 OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
            "softmax_cross_entropy": 2, "sgd_update": 1}
@@ -26,7 +26,7 @@ SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 MNIST_IN, MNIST_CLASSES = 784, 10
 
 
-def shape_key(op: str, shape, layout: str = "") -> str:
+def shape_key(shape, layout: str = "") -> str:
     return "x".join(str(int(d)) for d in shape) + (f":{layout}" if layout else "")
 
 
@@ -43,7 +43,7 @@ class Call:
 
     @property
     def key(self) -> str:
-        return shape_key(self.op, self.shape, self.layout)
+        return shape_key(self.shape, self.layout)
 
     def inputs(self, device, generator: torch.Generator) -> "OpInputs":
         return make_inputs(self.op, self.dtype, self.shape, self.layout, device, generator,

@@ -5,8 +5,8 @@
 Every case is checked against a reference before it is timed (a wrong kernel
 is reported as such and never timed). Two times per row, both medians of many
 repetitions: `time_ms`, one call at a time with L2 flushed between calls
-(autotune.timing.bench: what an eager caller pays, Python wrapper included),
-and `graph_ms`, ten calls replayed as one CUDA graph (autotune.timing.
+(kernels_core.timing.bench: what an eager caller pays, Python wrapper included),
+and `graph_ms`, ten calls replayed as one CUDA graph (kernels_core.timing.
 bench_in_graph: the kernel's own time, as inside a graphed training step).
 For small shapes the two differ by the host's launch cost. Writes
 experiments/results/kernels_<gpu>.csv, one row per (case, backend), with the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -28,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from autotune.provenance import device_slug, provenance
-from autotune.timing import bench, bench_in_graph
-from kernels_cuda.reference import exact, native
+from kernels_core.provenance import device_slug, provenance
+from kernels_core.timing import bench, bench_in_graph
+from kernels_core import backends as kernel_packages
+from kernels_core.reference import exact, native
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -185,9 +185,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 baselines are true fp32
     gen = torch.Generator(device=device).manual_seed(0)
-    modules = {"cuda": "kernels_cuda", "triton": "kernels_triton"}
-    backends = {b: (native if b == "torch" else importlib.import_module(modules[b]))
-                for b in args.backends.split(",")}
+    backends = {b: (native if b == "torch" else kernel_packages.load(b)) for b in args.backends.split(",")}
 
     groups = args.only.split(",")
     n_rows = 16384 if args.quick else 65536

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from autotune.provenance import device_slug, provenance
+from kernels_core.provenance import device_slug, provenance
 from trainer.config import PRESETS, Config
-from trainer.configs import target_name
+from trainer.tuned_configs import target_name
 from trainer.train import train
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -43,18 +43,18 @@ VARIANTS = {
     "torch-compile": dict(backend="torch", compile="default"),
     "torch-max-autotune": dict(backend="torch", compile="max-autotune"),
     "torch-graph": dict(backend="torch", torch_graph=True),
-    "cuda-tuned": dict(backend="cuda", configs="TUNED"),
-    "cuda-default": dict(backend="cuda", configs="none"),
-    "triton-tuned": dict(backend="triton", configs="TUNED"),
-    "triton-default": dict(backend="triton", configs="none"),
+    "cuda-tuned": dict(backend="cuda", tuned_configs="TUNED"),
+    "cuda-default": dict(backend="cuda", tuned_configs="none"),
+    "triton-tuned": dict(backend="triton", tuned_configs="TUNED"),
+    "triton-default": dict(backend="triton", tuned_configs="none"),
 }
 # A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",
-# "10 epochs"), `configs_sha` the tuned store the row ran on (the store is data, not code).
-KEY = ("variant", "hidden", "dtype", "protocol", "run_length", "configs_sha", "commit")
+# "10 epochs"), `tuned_configs_sha` the tuned store the row ran on (the store is data, not code).
+KEY = ("variant", "hidden", "dtype", "protocol", "run_length", "tuned_configs_sha", "commit")
 COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "protocol", "run_length", "steps",
            "median_step_us", "p20_step_us", "p80_step_us", "train_seconds", "setup_seconds", "final_loss",
            "test_accuracy", "seconds_to_98", "speedup_vs_torch_eager", "max_loss_diff_vs_torch_eager",
-           "config_source", "configs_sha", "run_csv", *provenance()]
+           "config_source", "tuned_configs_sha", "run_csv", *provenance()]
 
 
 def base_config(protocol: str, dtype: str, steps: int | None) -> Config:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-autotune-hidden", default="128,1024",
                     help="widths at which torch-max-autotune also runs ('' for none)")
     ap.add_argument("--steps", type=int, default=None, help="override the protocol's step count")
-    ap.add_argument("--configs", default=None, help="tuned config store (default experiments/<target>/best.json)")
+    ap.add_argument("--tuned-configs", default=None, help="tuned config store (default experiments/<target>/best.json)")
     ap.add_argument("--quick", action="store_true", help="H 128,1024 and 500 steps: a smoke run")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     hidden = [128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")]
     steps = 500 if args.quick and not args.steps else args.steps
     base = base_config(args.protocol, dtype, steps)
-    tuned = Path(args.configs) if args.configs else RESULTS.parent / target_name("auto") / "best.json"
+    tuned = Path(args.tuned_configs) if args.tuned_configs else RESULTS.parent / target_name("auto") / "best.json"
     variants = args.variants.split(",")
     mat_h = {int(h) for h in args.max_autotune_hidden.split(",") if h}
     if "torch-max-autotune" not in variants and mat_h:
@@ -140,13 +140,13 @@ def main(argv=None) -> int:
             if variant == "torch-max-autotune" and h not in mat_h:
                 continue
             spec = dict(VARIANTS[variant])
-            if spec.get("configs") == "TUNED":
+            if spec.get("tuned_configs") == "TUNED":
                 if not tuned.exists():
                     print(f"skip {variant} h{h}: no tuned configs at {tuned}", file=sys.stderr)
                     continue
-                spec["configs"] = str(tuned)
+                spec["tuned_configs"] = str(tuned)
             cfg = replace(base, hidden=h, **spec)
-            sha = file_sha(spec.get("configs"))
+            sha = file_sha(spec.get("tuned_configs"))
             key = (variant, str(h), dtype, args.protocol, run_length(cfg), sha, commit)
             if key in done:
                 if variant == "torch-eager":
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
                        speedup_vs_torch_eager=eager_us / s.median_step_us if eager_us else "",
                        max_loss_diff_vs_torch_eager=max(abs(a - b) for a, b in zip(losses, eager_losses))
                        if eager_losses else "",
-                       config_source=s.config_source, configs_sha=sha, run_csv=Path(s.csv).name, **s.provenance)
+                       config_source=s.config_source, tuned_configs_sha=sha, run_csv=Path(s.csv).name, **s.provenance)
             rows.append(row)
             done[key] = row
             write_csv(out, rows)

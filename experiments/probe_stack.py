@@ -11,8 +11,8 @@ import traceback
 import numpy as np
 import torch
 
-from autotune.provenance import provenance
-from autotune.timing import bench
+from kernels_core.provenance import provenance
+from kernels_core.timing import bench
 
 
 def check(name, fn):

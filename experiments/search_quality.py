@@ -31,12 +31,13 @@ import optuna
 import pandas as pd
 from tqdm import tqdm
 
-from autotune import backends, studies
+from autotune import studies
+from kernels_core import backends
 from autotune.evaluate import Evaluator
-from autotune.provenance import device_slug, provenance
+from kernels_core.provenance import device_slug, provenance
 from autotune.targets import TARGETS, resolve_target
 from autotune.workload import Call, parse_shapes
-from kernels_cuda.contract import DTYPES
+from kernels_core.contract import DTYPES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WITHIN, GRID_SHARE = 0.03, 0.15
@@ -66,7 +67,7 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     target = resolve_target(args.target, compile_only=False)
     space = backends.space(args.backend, "matmul", args.dtype)
     elt = DTYPES[args.dtype].itemsize
-    view = studies.view_space(space, target, elt, "matmul", args.dtype)
+    view = studies.view_space(space, target, elt)
     configs = view.valid
     if len(configs) > args.max_configs:
         picked = sorted(random.Random(0).sample(range(len(configs)), args.max_configs))

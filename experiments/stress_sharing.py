@@ -24,9 +24,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from autotune.provenance import provenance
+from kernels_core.provenance import REPO, provenance
 
-REPO = Path(__file__).resolve().parent.parent
 BUDGET = 12
 
 

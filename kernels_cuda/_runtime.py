@@ -1,5 +1,5 @@
-"""Compiling and launching the .cu kernels: NVRTC through CuPy at run time,
-nvcc offline for resource reports.
+"""Compiling and launching the .cu kernels: NVRTC through CuPy at run time
+(offline nvcc builds for resource reports are in reports.py).
 
 A kernel variant is a template instantiation, written as a name expression
 such as ``relu_kernel<1,8,4,256>``; every template argument comes from a
@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_INCLUDE = '#include "common.cuh"'
 NVRTC_OPTIONS = ("-std=c++17",)
 
 
@@ -47,23 +46,30 @@ class Variant:
 
 # ------------------------------------------------------------------ sources
 
+_INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.MULTILINE)
 _source_text: dict[str, str] = {}
 
 
 def source(name: str) -> str:
-    """The kernel file with common.cuh pasted in place of its #include.
+    """The kernel file with each local #include (common.cuh) pasted in its place.
 
     NVRTC gets one self-contained text (CuPy's disk cache hashes the source
     it is given, so an included file that changed would not be noticed)."""
     text = _source_text.get(name)
     if text is None:
         with open(os.path.join(HERE, name)) as f:
-            body = f.read()
-        with open(os.path.join(HERE, "common.cuh")) as f:
-            common = f.read()
-        text = body.replace(_INCLUDE, common, 1)
+            text = _INCLUDE.sub(lambda m: source(m.group(1)), f.read())
         _source_text[name] = text
     return text
+
+
+def _dtype_codes() -> dict[str, int]:
+    """{"fp32": 0, ...}: the element type codes as common.cuh defines them (DT_FP32 ...)."""
+    with open(os.path.join(HERE, "common.cuh")) as f:
+        return {m.group(1).lower(): int(m.group(2)) for m in re.finditer(r"^#define DT_(\w+) (\d+)$", f.read(), re.MULTILINE)}
+
+
+DT_CODE = _dtype_codes()  # the first template argument of every kernel
 
 
 # ------------------------------------------------------------------ configs
@@ -222,94 +228,3 @@ def resource_report(for_: tuple) -> dict | None:
         "spill_bytes": int(fn.local_size_bytes),
         "compile_s": 0.0,
     }
-
-
-# ------------------------------------------------------------------ offline nvcc reports
-
-def nvcc_path() -> str | None:
-    return shutil.which("nvcc")
-
-
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
-_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-_PTXAS_USED = re.compile(r"Used (\d+) registers")
-_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
-_DEMANGLED = re.compile(r"(\w+)<([^>]*)>")
-
-
-def _demangle(names: list[str]) -> list[str]:
-    """Mangled kernel names -> name expressions like kernel<1,2,3>."""
-    tool = shutil.which("cu++filt") or shutil.which("c++filt")
-    if tool is None:
-        raise RuntimeError("compile_reports needs cu++filt or c++filt to read ptxas output")
-    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-    exprs = []
-    for line in out.splitlines():
-        m = _DEMANGLED.search(line)
-        exprs.append(f"{m.group(1)}<{m.group(2).replace(' ', '')}>" if m else line)
-    return exprs
-
-
-def compile_variants(variants: list[Variant], dynamic_smem: list[int], arch: int) -> list[dict]:
-    """Compiles many variants in one nvcc call (one translation unit per
-    source file) and returns, per variant, the ptxas resource numbers."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise RuntimeError("nvcc is not on PATH: offline compile reports need the CUDA toolkit")
-    by_source: dict[str, list[int]] = {}
-    for i, v in enumerate(variants):
-        by_source.setdefault(v.source, []).append(i)
-    results: list[dict | None] = [None] * len(variants)
-    for src, idx in by_source.items():
-        unique = list(dict.fromkeys(variants[i].name_expr for i in idx))
-        refs = ",\n    ".join(f"(void*)&{e}" for e in unique)
-        tu = f'#include "{src}"\n\n// Taking the addresses instantiates the kernels.\nvoid* const kernel_refs[] = {{\n    {refs}\n}};\n'
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "variants.cu")
-            with open(path, "w") as f:
-                f.write(tu)
-            t0 = time.perf_counter()
-            proc = subprocess.run(
-                [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "--resource-usage", f"-I{HERE}",
-                 "-o", os.path.join(tmp, "variants.cubin"), path],
-                capture_output=True, text=True)
-            seconds = time.perf_counter() - t0
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed for {src} on sm_{arch}:\n{log[-4000:]}")
-        parsed = _parse_ptxas(log)
-        per = seconds / len(unique)
-        for i in idx:
-            info = parsed.get(variants[i].name_expr)
-            if info is None:
-                raise RuntimeError(f"no ptxas report for {variants[i].name_expr} on sm_{arch}:\n{log[-4000:]}")
-            results[i] = {
-                "registers": info["registers"],
-                "smem_bytes": info["static_smem"] + dynamic_smem[i],
-                "spill_bytes": info["spill_bytes"],
-                "compile_s": per,
-            }
-    return results  # type: ignore[return-value]
-
-
-def _parse_ptxas(log: str) -> dict[str, dict]:
-    blocks: list[tuple[str, list[str]]] = []
-    for line in log.splitlines():
-        m = _PTXAS_ENTRY.search(line)
-        if m:
-            blocks.append((m.group(1), []))
-        elif blocks:
-            blocks[-1][1].append(line)
-    names = _demangle([b[0] for b in blocks]) if blocks else []
-    out = {}
-    for expr, (_, lines) in zip(names, blocks):
-        text = "\n".join(lines)
-        spill = _PTXAS_SPILL.search(text)
-        used = _PTXAS_USED.search(text)
-        smem = _PTXAS_SMEM.search(text)
-        out[expr] = {
-            "registers": int(used.group(1)) if used else 0,
-            "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
-            "static_smem": int(smem.group(1)) if smem else 0,
-        }
-    return out

@@ -14,9 +14,10 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Element type codes, the first template argument of every kernel.
-#define DT_F32 0
-#define DT_F16 1
+// Element type codes, the first template argument of every kernel; the Python
+// side reads them from here (kernels_cuda/_runtime.py: DT_CODE).
+#define DT_FP32 0
+#define DT_FP16 1
 #define DT_BF16 2
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
@@ -48,12 +49,12 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
 
 // Storage type and conversions of one element type.
 template <int DT> struct Elt;
-template <> struct Elt<DT_F32> {
+template <> struct Elt<DT_FP32> {
     typedef float T;
     static __device__ __forceinline__ float load(T v) { return v; }
     static __device__ __forceinline__ T store(float v) { return v; }
 };
-template <> struct Elt<DT_F16> {
+template <> struct Elt<DT_FP16> {
     typedef u16 T;
     static __device__ __forceinline__ float load(T v) { return f16_to_f32(v); }
     static __device__ __forceinline__ T store(float v) { return f32_to_f16(v); }
@@ -91,6 +92,23 @@ __device__ __forceinline__ void swizzle_block(int pid, int num_pid_m, int num_pi
     int group_m = num_pid_m - first_m < GROUP_M ? num_pid_m - first_m : GROUP_M;
     pid_m = first_m + (pid % in_group) % group_m;
     pid_n = (pid % in_group) / group_m;
+}
+
+// Flat work split of the elementwise kernels (elementwise.cu, optim.cu): the
+// tensor is n / VEC vectors; block b owns vectors [b * THREADS * ITEMS, +THREADS * ITEMS)
+// and thread t takes vector b * THREADS * ITEMS + i * THREADS + t for i < ITEMS,
+// so each i is one fully coalesced sweep of the block. The n % VEC tail
+// elements go one by one to the first threads of block 0.
+// Vector index of item i of this thread.
+template <int ITEMS, int THREADS>
+__device__ __forceinline__ i64 vector_index(int i) {
+    return (i64)blockIdx.x * (THREADS * ITEMS) + (i64)i * THREADS + threadIdx.x;
+}
+
+// Index of this thread's tail element (valid when < n).
+template <int VEC>
+__device__ __forceinline__ i64 tail_index(i64 n) {
+    return blockIdx.x == 0 ? (n / VEC) * VEC + threadIdx.x : n;
 }
 
 #endif  // KERNELS_CUDA_COMMON_CUH

@@ -1,4 +1,4 @@
-// Elementwise kernels: relu, relu_backward, bias_add (+relu), sgd_update.
+// Elementwise kernels: relu, relu_backward, bias_add (+relu).
 //
 // All four are pure bandwidth: relu moves 2 * elt bytes per element for zero
 // useful FLOPs, sgd with momentum moves 4 + elt + 8 + 8 bytes for 4 FLOPs, so
@@ -7,25 +7,9 @@
 // (up to 16 bytes per instruction) before it computes or stores any of them;
 // the two phases also make in-place calls (out is the input) safe.
 //
-// Work split, shared by every kernel here: the tensor is a flat array of
-// n / VEC vectors; block b owns vectors [b * THREADS * ITEMS, +THREADS * ITEMS)
-// and thread t takes vector b * THREADS * ITEMS + i * THREADS + t for
-// i < ITEMS, so each i is one fully coalesced sweep of the block. The n % VEC
-// tail elements go one by one to the first threads of block 0. The host picks
-// VEC so that every pointer is aligned to min(VEC * elt, 16) bytes.
+// Work split: common.cuh's vector_index / tail_index. The host picks VEC so
+// that every pointer is aligned to min(VEC * elt, 16) bytes.
 #include "common.cuh"
-
-// Vector index of item i of this thread.
-template <int ITEMS, int THREADS>
-__device__ __forceinline__ i64 vector_index(int i) {
-    return (i64)blockIdx.x * (THREADS * ITEMS) + (i64)i * THREADS + threadIdx.x;
-}
-
-// Index of this thread's tail element (valid when < n).
-template <int VEC>
-__device__ __forceinline__ i64 tail_index(i64 n) {
-    return blockIdx.x == 0 ? (n / VEC) * VEC + threadIdx.x : n;
-}
 
 // y = relu(x); NaN stays NaN.
 template <int DT, int VEC, int ITEMS, int THREADS>
@@ -120,57 +104,4 @@ bias_add_kernel(const typename Elt<DT>::T* x, const typename Elt<DT>::T* bias,
         }
     }
     // VEC divides ncols, hence n: there is no tail.
-}
-
-// torch.optim.SGD step (dampening 0, no Nesterov), in place, fp32 master
-// params and momentum buffers, gradients in any of the three dtypes:
-//   d = g + wd * p;  buf = momentum * buf + d (if MOMENTUM);  p -= lr * d'.
-template <int DT, int VEC, int ITEMS, int THREADS, int MOMENTUM>
-__global__ void __launch_bounds__(THREADS)
-sgd_kernel(float* p, const typename Elt<DT>::T* g, float* buf, float lr, float momentum,
-           float weight_decay, i64 n) {
-    typedef Elt<DT> E;
-    typedef Pack<float, VEC> PF;
-    typedef Pack<typename E::T, VEC> PG;
-    const i64 nvec = n / VEC;
-    PF pp[ITEMS], bb[ITEMS];
-    PG gg[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        i64 v = vector_index<ITEMS, THREADS>(i);
-        if (v < nvec) {
-            pp[i] = reinterpret_cast<const PF*>(p)[v];
-            gg[i] = reinterpret_cast<const PG*>(g)[v];
-            if (MOMENTUM) bb[i] = reinterpret_cast<const PF*>(buf)[v];
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        i64 v = vector_index<ITEMS, THREADS>(i);
-        if (v < nvec) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                float d = E::load(gg[i].v[j]);
-                // Skipped, not multiplied by 0, when off: 0 * inf would turn an inf param into NaN.
-                if (weight_decay != 0.f) d += weight_decay * pp[i].v[j];
-                if (MOMENTUM) {
-                    d = momentum * bb[i].v[j] + d;
-                    bb[i].v[j] = d;
-                }
-                pp[i].v[j] = pp[i].v[j] - lr * d;
-            }
-            reinterpret_cast<PF*>(p)[v] = pp[i];
-            if (MOMENTUM) reinterpret_cast<PF*>(buf)[v] = bb[i];
-        }
-    }
-    i64 t = tail_index<VEC>(n);
-    if (t < n) {
-        float d = E::load(g[t]);
-        if (weight_decay != 0.f) d += weight_decay * p[t];
-        if (MOMENTUM) {
-            d = momentum * buf[t] + d;
-            buf[t] = d;
-        }
-        p[t] = p[t] - lr * d;
-    }
 }

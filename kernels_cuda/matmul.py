@@ -6,8 +6,11 @@ from dataclasses import replace
 
 import torch
 
+from kernels_core import contract
+from kernels_core.contract import dtype_name, matmul_args, matrix_layout, output
+from kernels_core.space import Space
+
 from . import _runtime as rt
-from .contract import Space, dtype_name, matmul_args, matrix_layout, output
 
 # Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread; the thread
 # count follows from the tile sizes, so num_warps must match them. The
@@ -44,7 +47,8 @@ SIMT_SPACE = Space(
 # no cp.async, so it double-buffers through registers: exactly 2 stages, and
 # 64 x 32 warp tiles by default, since the staging registers make 64 x 64 spill.
 # The smem expression is the larger of the two shared layouts (k-contiguous
-# or not) of each operand; the launch computes the exact one.
+# or not) of each operand: the tuner prunes by it and the launch asks for it,
+# whatever the call's layout (the kernel carves its ring from the front).
 TC_SPACE = Space(
     params={
         "BLOCK_M": (64, 128, 256),
@@ -78,9 +82,8 @@ TC_SPACE = Space(
     notes="fp16/bf16 mma.sync; VEC = halves per global copy (8 = 16 bytes), lowered for misaligned operands",
 )
 # bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
-TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80",))
+TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
 
-_DT_CODE = {"fp16": 1, "bf16": 2}
 _SPACES = {"fp32": SIMT_SPACE, "fp16": TC_SPACE, "bf16": TC_BF16_SPACE}
 
 
@@ -94,29 +97,25 @@ def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu) -> rt.Variant:
         cfg["num_stages"], cfg["GROUP_M"], int(a_kc), int(b_kc), int(has_bias), int(relu)))
 
 
-def simt_smem(cfg) -> int:
-    return cfg["num_stages"] * cfg["BLOCK_K"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"] + 8) * 4
-
-
 def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16) -> rt.Variant:
     return rt.Variant("matmul_tc.cu", "matmul_tc_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["WARPS_M"], cfg["WARPS_N"], cfg["num_stages"],
-        va, vb, cfg["GROUP_M"], _DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
+        va, vb, cfg["GROUP_M"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
         int(acc16), int(arch >= 80)))
 
 
-def tc_smem(cfg, a_kc: bool, b_kc: bool) -> int:
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    a = bm * (bk + 8) if a_kc else bk * (bm + 8)
-    b = bn * (bk + 8) if b_kc else bk * (bn + 8)
-    return cfg["num_stages"] * (a + b) * 2
+def smem_bytes(dtype: str, cfg, arch: int) -> int:
+    """Dynamic shared memory of a launch: the space's own cost expression."""
+    return _SPACES[dtype].cost(cfg, contract.DTYPES[dtype].itemsize, arch)["smem_bytes"]
 
 
-def main_variant(dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
+def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
     """What compile reports measure: row-major A and B, no epilogue extras."""
     if dtype == "fp32":
-        return simt_variant(cfg, True, False, cfg["VEC"], cfg["VEC"], False, False), simt_smem(cfg)
-    return tc_variant(cfg, dtype, arch, True, False, cfg["VEC"], cfg["VEC"], False, False, False), tc_smem(cfg, True, False)
+        variant = simt_variant(cfg, True, False, cfg["VEC"], cfg["VEC"], False, False)
+    else:
+        variant = tc_variant(cfg, dtype, arch, True, False, cfg["VEC"], cfg["VEC"], False, False, False)
+    return variant, smem_bytes(dtype, cfg, arch)
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
@@ -152,10 +151,9 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     relu = activation == "relu"
     if dtype == "fp32":
         variant = simt_variant(cfg, a_kc, b_kc, va, vb, bias is not None, relu)
-        smem = simt_smem(cfg)
     else:
         variant = tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
-        smem = tc_smem(cfg, a_kc, b_kc)
+    smem = smem_bytes(dtype, cfg, arch)
     blocks = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
     # The kernels store row-major with ld = N; a strided `out` view gets the result by one copy.
     c = out if out.is_contiguous() else torch.empty((M, N), dtype=a.dtype, device=a.device)

@@ -188,8 +188,8 @@ template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, 
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
 matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb) {
     static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
-    static_assert(SM80 || DT == DT_F16, "sm_75 tensor cores have no bf16 mma");
-    static_assert(DT == DT_F16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
+    static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
+    static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
     constexpr int T = 32 * WARPS_M * WARPS_N;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;

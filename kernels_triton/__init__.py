@@ -1,14 +1,15 @@
 """Triton twin of `kernels_cuda`: the ops of a small MLP's training step.
 
 Same functions, signatures and search spaces-as-data as the raw-CUDA twin
-(see `kernels_cuda.contract`): matmul (with fused bias + ReLU), relu,
+(see `kernels_core.contract`): matmul (with fused bias + ReLU), relu,
 relu_backward, bias_add, bias_grad, softmax_cross_entropy and sgd_update,
 plus `space(op, dtype)` and two resource probes, `compile_report` (offline,
 any target) and `resource_report` (the last launch on this GPU).
 
-Module map: matmul.py, elementwise.py (relu, relu_backward, bias_add),
-reduction.py (bias_grad), loss.py, optim.py, resources.py (spaces and
-reports), _runtime.py (argument checks, config resolution, launching).
+Module map, the same as the CUDA twin's: matmul.py, elementwise.py (relu,
+relu_backward, bias_add), reduction.py (bias_grad), loss.py
+(softmax_cross_entropy), optim.py (sgd_update), reports.py (resource
+figures), _runtime.py (device checks, config resolution, launching).
 """
 import os
 
@@ -20,14 +21,36 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+from kernels_core.contract import check_op  # noqa: E402
+from kernels_core.space import Space  # noqa: E402
+
+from . import elementwise, loss, optim, reduction  # noqa: E402
+from .matmul import SPACES as _MATMUL_SPACES  # noqa: E402
 from .elementwise import bias_add, relu, relu_backward  # noqa: E402
 from .loss import softmax_cross_entropy  # noqa: E402
 from .matmul import matmul  # noqa: E402
 from .optim import sgd_update  # noqa: E402
 from .reduction import bias_grad  # noqa: E402
-from .resources import compile_report, resource_report, space  # noqa: E402
+from .reports import compile_report, resource_report  # noqa: E402
 
 __all__ = [
     "matmul", "relu", "relu_backward", "bias_add", "bias_grad", "softmax_cross_entropy", "sgd_update",
     "space", "compile_report", "resource_report",
 ]
+
+_SPACES = {
+    "matmul": _MATMUL_SPACES,
+    "relu": elementwise.SPACES,
+    "relu_backward": elementwise.SPACES,
+    "bias_add": elementwise.SPACES,
+    "bias_grad": reduction.SPACES,
+    "softmax_cross_entropy": loss.SPACES,
+    "sgd_update": optim.SPACES,
+}
+
+
+def space(op: str, dtype: str) -> Space:
+    """The search space of `op` for inputs of `dtype` ("fp32", "fp16", "bf16";
+    for sgd_update the gradients' dtype)."""
+    check_op(op, dtype)
+    return _SPACES[op][dtype]

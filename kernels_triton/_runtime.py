@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 
 def interpreting() -> bool:
@@ -46,7 +47,7 @@ def check_device(name: str, t: torch.Tensor) -> None:
                          "(or TRITON_INTERPRET=1 for CPU tensors)")
 
 
-def resolve(space: contract.Space, config, elt: int, device: torch.device) -> dict[str, int]:
+def resolve(space: Space, config, elt: int, device: torch.device) -> dict[str, int]:
     """The config to launch: default filled in, checked against the space and this GPU."""
     arch = contract.device_arch(device)
     cfg = space.resolve(config, elt, arch)

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 from . import _runtime as rt
 
@@ -73,8 +74,8 @@ def _elementwise_kernel(
     tl.store(y_ptr + offs, out, mask=mask)
 
 
-def _space(elt: int) -> contract.Space:
-    return contract.Space(
+def _space(elt: int) -> Space:
+    return Space(
         params={
             "BLOCK": (1024, 2048, 4096, 8192, 16384),
             "num_warps": (2, 4, 8, 16),

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 from . import _runtime as rt
 
@@ -66,7 +67,7 @@ def _softmax_ce_kernel(
 
 
 SPACES = {
-    name: contract.Space(
+    name: Space(
         params={"BLOCK_N": (256, 512, 1024, 2048, 4096, 8192), "num_warps": (1, 2, 4, 8, 16)},
         default={"BLOCK_N": 1024, "num_warps": 4},
         restrictions=("BLOCK_N >= 32 * num_warps",),

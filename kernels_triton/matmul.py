@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 from . import _runtime as rt
 
@@ -99,20 +100,20 @@ _NOTES = ("threads = 32 * num_warps; smem_bytes counts the operand ring only "
 
 SPACES = {
     # Hopper's sweet spot for 16-bit inputs: a 128x256 tile over two warpgroups.
-    "fp16": contract.Space(
+    "fp16": Space(
         params=_PARAMS,
         default=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
         restrictions=_RESTRICTIONS, smem_bytes=_SMEM, notes=_NOTES,
     ),
-    "bf16": contract.Space(
+    "bf16": Space(
         params=_PARAMS,
         default=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-        restrictions=_RESTRICTIONS + ("arch >= 80",),  # bf16 tensor cores start at Ampere
+        restrictions=_RESTRICTIONS + ("arch >= 80  # bf16 tensor cores start at sm_80",),
         smem_bytes=_SMEM, notes=_NOTES,
     ),
     # Exact fp32 runs on the FMA units, where register pressure, not shared
     # memory, bounds the tile.
-    "fp32": contract.Space(
+    "fp32": Space(
         params=_PARAMS,
         default=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3),
         restrictions=_RESTRICTIONS, smem_bytes=_SMEM, notes=_NOTES,

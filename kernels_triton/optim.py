@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 from . import _runtime as rt
 from .elementwise import flat_block
@@ -47,7 +48,7 @@ def _sgd_kernel(
 
 
 SPACES = {
-    name: contract.Space(
+    name: Space(
         params={"BLOCK": (1024, 2048, 4096, 8192), "num_warps": (2, 4, 8, 16), "VEC": (1, 2, 4)},
         default={"BLOCK": 2048, "num_warps": 4, "VEC": 4},
         restrictions=("BLOCK % (32 * num_warps * VEC) == 0",),

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_cuda import contract
+from kernels_core import contract
+from kernels_core.space import Space
 
 from . import _runtime as rt
 
@@ -46,7 +47,7 @@ def _bias_grad_kernel(
 
 
 SPACES = {
-    name: contract.Space(
+    name: Space(
         params={
             "BLOCK_M": (8, 16, 32, 64, 128),
             "BLOCK_N": (16, 32, 64, 128, 256),

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import torch
 
-from kernels_cuda import reference
-from kernels_cuda.contract import OPS, Space
+from kernels_core import reference
+from kernels_core.contract import OPS
+from kernels_core.space import Space
 
 _SPACES = {
     "relu": Space(params={"BLOCK": (64, 128, 256), "MODE": (0, 1, 2, 3, 4)},
@@ -25,6 +27,8 @@ _SPACES = {
                     restrictions=("BLOCK_M * BLOCK_N <= 4096",), threads="BLOCK_M * 4",
                     smem_bytes="(BLOCK_M + BLOCK_N) * 32 * elt"),
 }
+# As in the twins, bf16 tensor-core matmul starts at sm_80.
+_BF16_MATMUL = replace(_SPACES["matmul"], restrictions=_SPACES["matmul"].restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
 _OTHER = Space(params={"BLOCK": (128, 256)}, default={"BLOCK": 128})
 _compiled: set = set()
 
@@ -36,6 +40,8 @@ class FakeCompileError(RuntimeError):
 def space(op: str, dtype: str) -> Space:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}")
+    if op == "matmul" and dtype == "bf16":
+        return _BF16_MATMUL
     return _SPACES.get(op, _OTHER)
 
 

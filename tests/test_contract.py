@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from kernels_cuda.contract import Space, matrix_layout
+from kernels_core.contract import matrix_layout
+from kernels_core.space import Space
 
 SPACE = Space(
     params={"BLOCK": (64, 128, 256), "num_warps": (2, 4, 8)},

@@ -12,6 +12,7 @@ import torch
 
 import kernels_cuda as kc
 from kernels_cuda import _runtime as rt
+from kernels_cuda import reports
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_resource_report_names_the_launched_variant(fake_gpu, rng):
     (launched,) = fake_gpu
     report = kc.resource_report("matmul", "fp32", config)
     assert report["registers"] == fake_gpu[launched].num_regs
-    main, _ = kc._main_variant("matmul", "fp32", config, 90)
+    main, _ = reports._report_variant("matmul", "fp32", config, 90)
     assert main.name_expr != launched, "the launch differs from the row-major main variant"
     assert kc.resource_report("matmul", "fp32", {**config, "GROUP_M": 8}) is None
 

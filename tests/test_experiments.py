@@ -56,7 +56,7 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     trained = []
 
     def fake_train(cfg):
-        trained.append((cfg.backend, cfg.hidden, cfg.configs))
+        trained.append((cfg.backend, cfg.hidden, cfg.tuned_configs))
         runs = tmp_path / "runs"
         runs.mkdir(exist_ok=True)
         run_csv = runs / f"run{len(trained)}.csv"
@@ -73,7 +73,7 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
     args = ["--protocol", "default", "--hidden", "128,1024", "--variants", "torch-eager,cuda-tuned",
-            "--max-autotune-hidden=", "--configs", str(store)]
+            "--max-autotune-hidden=", "--tuned-configs", str(store)]
     assert compare.main(args) == 0 and len(trained) == 4
     assert compare.main(args) == 0 and len(trained) == 4  # nothing redone
     store.write_text('{"entries": []}')  # re-tuned: only the tuned rows are redone
@@ -81,4 +81,4 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     rows = pd.read_csv(next((tmp_path / "results").glob("trainer_*_fp32.csv")))
     assert (rows.loc[rows.variant == "cuda-tuned", "speedup_vs_torch_eager"] == 4.0).all()
     assert (rows.loc[rows.variant == "cuda-tuned", "max_loss_diff_vs_torch_eager"] == 0.0).all()
-    assert rows.configs_sha.nunique(dropna=True) == 2 and rows.run_length.eq("10 epochs").all()
+    assert rows.tuned_configs_sha.nunique(dropna=True) == 2 and rows.run_length.eq("10 epochs").all()

@@ -16,8 +16,9 @@ import random
 import pytest
 import torch
 
-from kernels_cuda import contract
-from kernels_cuda.reference import exact, native
+from kernels_core import contract
+from kernels_core.space import Space
+from kernels_core.reference import exact, native
 
 DTYPES = list(contract.DTYPES)
 TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
@@ -678,7 +679,7 @@ def test_space_shape(ops):
     for op in contract.OPS:
         for dtype in DTYPES:
             sp = ops.space(op, dtype)
-            assert isinstance(sp, contract.Space)
+            assert isinstance(sp, Space)
             configs = list(sp.configs(contract.DTYPES[dtype].itemsize, 90))
             assert sp.default in configs, f"{op}/{dtype}: default {sp.default} fails its own restrictions"
             assert 1 <= len(configs) <= 1000, f"{op}/{dtype}: {len(configs)} configs"

@@ -1,6 +1,6 @@
 """The MLP written over the ops interface, checked with a pure-torch ops shim.
 
-The shim gives the contract's semantics (kernels_cuda.reference.native) with
+The shim gives the contract's semantics (kernels_core.reference.native) with
 no kernels, so these tests isolate the model's wiring: same losses as the
 torch backend, exactly the tuner's mnist-mlp calls, configs passed per call,
 fp32 master weights in fp16, and warm-up steps that leave no trace.
@@ -15,10 +15,10 @@ import torch
 
 from autotune.store import ConfigStore
 from autotune.workload import mnist_mlp_calls, shape_key
-from kernels_cuda.contract import OPS, matmul_args
-from kernels_cuda.reference import native
+from kernels_core.contract import OPS, matmul_args
+from kernels_core.reference import native
 from trainer.config import Config
-from trainer.configs import CallConfigs
+from trainer.tuned_configs import CallConfigs
 from trainer.data import DEFAULT_DIR, DeviceBatches, load_mnist
 from trainer.model import OpsMLP
 from trainer.stepper import Stepper
@@ -47,11 +47,11 @@ class Spy:
         def call(*args, config=None, **kwargs):
             if op == "matmul":
                 ta, tb = kwargs.get("trans_a", False), kwargs.get("trans_b", False)
-                key = shape_key(op, matmul_args(args[0], args[1], None, None, ta, tb, "fp32"), ("t" if ta else "n") + ("t" if tb else "n"))
+                key = shape_key(matmul_args(args[0], args[1], None, None, ta, tb, "fp32"), ("t" if ta else "n") + ("t" if tb else "n"))
             elif op == "sgd_update":
-                key = shape_key(op, (sum(p.numel() for p in args[0]),))
+                key = shape_key((sum(p.numel() for p in args[0]),))
             else:
-                key = shape_key(op, tuple(args[0].shape))
+                key = shape_key(tuple(args[0].shape))
             self.calls.append((op, key, config))
             return getattr(self.ops, op)(*args, config=config, **kwargs)
         return call

@@ -14,7 +14,7 @@ import kernels_triton
 from autotune.store import ConfigStore, save_store
 from trainer.backends import NeedsGpu
 from trainer.config import Config, from_args
-from trainer.configs import ConfigStoreRefused
+from trainer.tuned_configs import ConfigStoreRefused
 from trainer.train import Diverged, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_config_table_shows_tuned_nearest_and_default(tmp_path, capsys):
     tuned = {**default, "BLOCK_M": 32, "BLOCK_N": 64, "GROUP_M": 1}
     path = _store_file(tmp_path, [{"op": "matmul", "backend": "triton", "dtype": "fp32",
                                    "shape": "16x16x784:nn", "config": tuned}])
-    summary = train(Config(**TINY_TRITON, configs=str(path), out=str(tmp_path)))
+    summary = train(Config(**TINY_TRITON, tuned_configs=str(path), out=str(tmp_path)))
     table = capsys.readouterr().err
     rows = {tuple(line.split()[:3]) for line in table.splitlines()}
     assert ("matmul", "16x16x784:nn", "tuned") in rows
@@ -114,22 +114,22 @@ def test_corrupt_config_store_is_refused_unless_defaults_are_allowed(tmp_path, c
     bad = _store_file(tmp_path, [{"op": "matmul", "backend": "triton", "dtype": "fp32",
                                   "shape": "16x16x784:nn", "config": {"BLOCK_M": 3}}])
     with pytest.raises(ConfigStoreRefused, match=r"(?s)best.json: entry 0.*BLOCK_M=3 is outside.*--allow-default-configs"):
-        train(Config(**TINY_TRITON, configs=str(bad), out=str(tmp_path)))
+        train(Config(**TINY_TRITON, tuned_configs=str(bad), out=str(tmp_path)))
 
     (tmp_path / "garbage.json").write_text("{not json")
-    summary = train(Config(**TINY_TRITON, configs=str(tmp_path / "garbage.json"), allow_default_configs=True,
+    summary = train(Config(**TINY_TRITON, tuned_configs=str(tmp_path / "garbage.json"), allow_default_configs=True,
                            out=str(tmp_path)))
     assert "not valid JSON" in capsys.readouterr().err
     assert summary.config_source == "default" and summary.steps == 2
 
 
 def test_another_gpus_store_is_refused_unless_defaults_are_allowed(tmp_path, monkeypatch):
-    from trainer import configs
+    from trainer import tuned_configs
 
     path = _store_file(tmp_path, [])
-    monkeypatch.setattr(configs, "local_gpu", lambda: ("sm_86", "a smaller GPU"))
-    cfg = Config(**{**TINY_TRITON, "target": "sm_90"}, configs=str(path), out=str(tmp_path))
+    monkeypatch.setattr(tuned_configs, "local_gpu", lambda: ("sm_86", "a smaller GPU"))
+    cfg = Config(**{**TINY_TRITON, "target": "sm_90"}, tuned_configs=str(path), out=str(tmp_path))
     with pytest.raises(ConfigStoreRefused, match=r"--target sm_90 is not this GPU \(sm_86\)"):
-        configs.open_store(cfg)
-    assert configs.open_store(Config(**{**TINY_TRITON, "target": "sm_90"}, configs=str(path), out=str(tmp_path),
+        tuned_configs.open_store(cfg)
+    assert tuned_configs.open_store(Config(**{**TINY_TRITON, "target": "sm_90"}, tuned_configs=str(path), out=str(tmp_path),
                                      allow_default_configs=True)) is None

@@ -5,7 +5,7 @@ passes test_ops.py on a CPU may still fail to build for a GPU. Here every op's
 default config and a deterministic sample of others are compiled offline
 through `compile_report` for sm_75, sm_80 and sm_90, in one helper process
 with the interpreter off (the interpreter and the compiler cannot share a
-process; see kernels_triton/resources.py).
+process; see kernels_triton/reports.py).
 """
 import json
 import os
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kernels_triton
-from kernels_cuda import contract
+from kernels_core import contract
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = (75, 80, 90)
@@ -48,7 +48,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 import kernels_triton as kt
-from kernels_triton import resources
+from kernels_triton import reports
 
 results = {}
 for op, dtype, arch, label, cfg in json.load(sys.stdin):
@@ -58,8 +58,8 @@ for op, dtype, arch, label, cfg in json.load(sys.stdin):
     except Exception as e:
         results[key] = {"error": f"{type(e).__name__}: {e}"}
 for dtype in ("fp16", "bf16"):
-    plan = resources._sample_plan("matmul", dtype, None)
-    compiled = triton.compile(resources._ast_source(plan), target=GPUTarget("cuda", 90, 32),
+    plan = reports._sample_plan("matmul", dtype, None)
+    compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
     results[f"wgmma-{dtype}"] = "wgmma" in compiled.asm["ptx"]
 print(json.dumps(results))

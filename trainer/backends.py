@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from autotune import backends as kernel_packages
-from kernels_cuda.contract import device_arch
+from kernels_core import backends as kernel_packages
+from kernels_core.contract import device_arch
 from trainer.config import Config
-from trainer.configs import CallConfigs, open_store
+from trainer.tuned_configs import CallConfigs, open_store
 from trainer.model import OpsMLP
 from trainer.torch_backend import TorchBackend, initial_mlp
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from kernels_core.backends import BUILTIN
 from trainer.data import DEFAULT_DIR
 
-BACKENDS = ("torch", "triton", "cuda")
+BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
 
 
@@ -32,7 +33,7 @@ class Config:
     weight_decay: float = 0.0
     dtype: str = "fp32"  # fp16/bf16: low-precision matmuls, fp32 master weights
     seed: int = 0
-    configs: str | None = None  # tuned config store for cuda/triton; None: experiments/<target>/best.json if it exists; "none": defaults
+    tuned_configs: str | None = None  # store for cuda/triton; None: experiments/<target>/best.json if it exists; "none": defaults
     target: str = "auto"
     allow_default_configs: bool = False
     data_dir: str = str(DEFAULT_DIR)
@@ -90,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help=f"default {d.dtype}")
     p.add_argument("--seed", type=int, help=f"default {d.seed}")
-    p.add_argument("--configs", help="tuned config store (JSON) for the cuda/triton kernels "
+    p.add_argument("--tuned-configs", help="tuned config store (JSON) for the cuda/triton kernels "
                                      "(default experiments/<target>/best.json if it exists; 'none': default configs)")
     p.add_argument("--target", help=f"target the configs were tuned for (default {d.target}: the local GPU)")
     p.add_argument("--allow-default-configs", action="store_const", const=True,

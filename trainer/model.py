@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 
 from autotune.workload import shape_key
-from kernels_cuda.contract import DTYPES
+from kernels_core.contract import DTYPES
 from trainer.config import Config
-from trainer.configs import CallConfigs
+from trainer.tuned_configs import CallConfigs
 from trainer.torch_backend import MLP
 
 
@@ -49,11 +49,11 @@ class OpsMLP:
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
         n = b.shape[0] if trans_b else b.shape[1]
         layout = ("t" if trans_a else "n") + ("t" if trans_b else "n")
-        cfg = self.configs.get("matmul", shape_key("matmul", (m, n, k), layout))
+        cfg = self.configs.get("matmul", shape_key((m, n, k), layout))
         return self.ops.matmul(a, b, trans_a=trans_a, trans_b=trans_b, config=cfg, **kw)
 
     def _call(self, op: str, shape: tuple[int, ...], *args, **kw):
-        return getattr(self.ops, op)(*args, config=self.configs.get(op, shape_key(op, shape)), **kw)
+        return getattr(self.ops, op)(*args, config=self.configs.get(op, shape_key(shape)), **kw)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.low is not self.params:

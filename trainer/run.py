@@ -10,7 +10,7 @@ import sys
 
 from trainer.backends import NeedsGpu
 from trainer.config import from_args
-from trainer.configs import ConfigStoreRefused
+from trainer.tuned_configs import ConfigStoreRefused
 from trainer.data import MnistDataError
 from trainer.train import Diverged, train
 

@@ -3,7 +3,7 @@
 The step writes its loss into a per-epoch device tensor at the step's slot
 instead of returning it, so the host reads losses once per evaluation, not
 once per step, and a captured graph carries the record along. After the
-capture (autotune.timing.capture), what its warm-up steps did to the weights
+capture (kernels_core.timing.capture), what its warm-up steps did to the weights
 and the batch counter is undone, so the run starts from the seed's initial state.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from autotune import timing
+from kernels_core import timing
 from trainer.data import DeviceBatches
 
 GRAPH_WARMUP = 3

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels_cuda.contract import DTYPES
+from kernels_core.contract import DTYPES
 from trainer.config import Config
 
 IN_FEATURES, CLASSES = 784, 10

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from autotune.provenance import provenance
-from autotune.timing import Timing, bench, bench_graph
-from kernels_cuda.contract import DTYPES
+from kernels_core.provenance import provenance
+from kernels_core.timing import Timing, bench, bench_graph
+from kernels_core.contract import DTYPES
 from trainer.backends import make_backend, pick_device
 from trainer.config import Config
 from trainer.data import DeviceBatches, load_mnist

@@ -27,33 +27,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from kernels_cuda import contract
+from kernels_core import contract
 
 from . import _runtime as rt
 from . import elementwise, loss, optim, reduction
-# `kernels_triton.matmul` is the function (the package re-exports it), so the
-# module's names are imported directly.
-from .matmul import SPACES as MATMUL_SPACES
+# The package re-exports the function `matmul`, so the module's names are imported directly.
 from .matmul import plan as plan_matmul
-
-SPACES = {
-    "matmul": MATMUL_SPACES,
-    "relu": elementwise.SPACES,
-    "relu_backward": elementwise.SPACES,
-    "bias_add": elementwise.SPACES,
-    "bias_grad": reduction.SPACES,
-    "softmax_cross_entropy": loss.SPACES,
-    "sgd_update": optim.SPACES,
-}
-
-
-def space(op: str, dtype: str) -> contract.Space:
-    """The search space of `op` for inputs of `dtype` ("fp32", "fp16", "bf16")."""
-    if op not in SPACES:
-        raise ValueError(f"op: {op!r} is not one of {contract.OPS}")
-    if dtype not in contract.DTYPES:
-        raise ValueError(f"dtype: {dtype!r} is not one of {tuple(contract.DTYPES)}")
-    return SPACES[op][dtype]
 
 
 def _sample_plan(op: str, dtype: str, config) -> rt.Plan:
@@ -150,6 +129,8 @@ def _arch_number(arch) -> int:
 
 def compile_report(op: str, dtype: str, config=None, arch=90) -> dict:
     """Compile `op`'s kernel for `arch` without a GPU; report what it uses."""
+    from . import space
+
     sp = space(op, dtype)
     arch = _arch_number(arch)
     cfg = sp.resolve(config, contract.DTYPES[dtype].itemsize, arch)
@@ -189,6 +170,8 @@ def resource_report(op: str, dtype: str, config=None) -> dict | None:
     """Resources of the kernel `op` last launched with `config` on this GPU, or
     None if it has not run (or runs in the interpreter). compile_s is None:
     launches do not time their compiles."""
+    from . import space
+
     sp = space(op, dtype)
     compiled = rt.LAUNCHED.get(rt.config_key(op, dtype, {**sp.default, **(config or {})}))
     if compiled is None:

@@ -10,7 +10,7 @@ import importlib
 import os
 from types import ModuleType
 
-from kernels_cuda.contract import Space
+from kernels_core.space import Space
 
 BUILTIN = {"cuda": "kernels_cuda", "triton": "kernels_triton"}
 

@@ -1,61 +1,7 @@
-// Row and column reductions: bias_grad (column sums) and the fused softmax
-// cross-entropy forward + backward.
+// softmax_cross_entropy: the fused softmax cross-entropy forward + backward.
 #include "common.cuh"
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-// db[c] = sum_m grad[m, c] in fp32, grad a contiguous [M, ncols] array.
-//
-// Reads M * N * elt bytes and writes N * 4: bandwidth bound. A block covers
-// 32 * VEC columns (each lane one VEC-wide vector, so a warp reads one
-// contiguous row segment) and WARPS * ITEMS rows (warp w takes rows
-// w, w + WARPS, ...); per-warp partial sums meet in shared memory and the
-// block adds its column totals to db with atomics, so any M splits over
-// enough blocks to fill the GPU. db must be zeroed first; the order of the
-// atomic adds, hence the last bits of the sum, varies from run to run.
-// grid.x walks row blocks, grid.y column blocks.
-template <int DT, int VEC, int ITEMS, int THREADS>
-__global__ void __launch_bounds__(THREADS)
-bias_grad_kernel(const typename Elt<DT>::T* grad, float* db, i64 nrows, i64 ncols) {
-    typedef Elt<DT> E;
-    typedef Pack<typename E::T, VEC> P;
-    constexpr int WARPS = THREADS / 32;
-    constexpr int COLS = 32 * VEC;
-    __shared__ float partial[WARPS][COLS];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const i64 col = (i64)blockIdx.y * COLS + lane * VEC;
-    const i64 row0 = (i64)blockIdx.x * (WARPS * ITEMS) + warp;
-    float acc[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
-    if (col < ncols) {  // the host picks VEC dividing ncols: the whole vector is in range
-        P in[ITEMS];
-#pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-            i64 r = row0 + (i64)i * WARPS;
-            if (r < nrows) in[i] = *reinterpret_cast<const P*>(grad + r * ncols + col);
-        }
-#pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-            if (row0 + (i64)i * WARPS < nrows) {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) acc[j] += E::load(in[i].v[j]);
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) partial[warp][lane * VEC + j] = acc[j];
-    __syncthreads();
-    for (int c = threadIdx.x; c < COLS; c += THREADS) {
-        i64 gc = (i64)blockIdx.y * COLS + c;
-        if (gc < ncols) {
-            float s = 0.f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) s += partial[w][c];
-            atomicAdd(db + gc, s);
-        }
-    }
-}
 
 // Merges running (max, sum of exp(x - max)) pairs. The equality tests keep
 // -inf - -inf (a NaN) out of the sums; a NaN input still poisons the sum.

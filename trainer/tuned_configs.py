@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.provenance import REPO
+from kernels_core.provenance import REPO
 from autotune.store import StoreError, load_store
 from autotune.targets import local_gpu
 from trainer.config import Config
@@ -34,17 +34,17 @@ def target_name(target: str) -> str:
 
 
 def store_path(config: Config) -> Path | None:
-    """`--configs`, else the tuner's store for this target if one was written; "none": no store."""
-    if config.configs == "none":
+    """`--tuned-configs`, else the tuner's store for this target if one was written; "none": no store."""
+    if config.tuned_configs == "none":
         return None
-    if config.configs is not None:
-        return Path(config.configs)
+    if config.tuned_configs is not None:
+        return Path(config.tuned_configs)
     tuned = REPO / "experiments" / target_name(config.target) / "best.json"
     return tuned if tuned.exists() else None
 
 
 def open_store(config: Config):
-    """The validated store for `config.configs`, or None (defaults everywhere)."""
+    """The validated store for `config.tuned_configs`, or None (defaults everywhere)."""
     path = store_path(config)
     if path is None:
         return None

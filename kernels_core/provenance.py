@@ -84,9 +84,14 @@ def _static() -> dict[str, str]:
     }
 
 
+def utc_now() -> str:
+    """The current time as every CSV of the lab writes it: 2026-11-30T21:59:15Z."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def provenance() -> dict[str, str]:
     """Device, versions and commit, plus the current UTC time."""
-    return {"utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), **_static()}
+    return {"utc": utc_now(), **_static()}
 
 
 def device_slug() -> str:

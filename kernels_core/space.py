@@ -1,0 +1,127 @@
+"""A kernel's tunables as data: the values to try, the rules that prune, the costs.
+
+In the style of Kernel Tuner: a dict of lists of tunable values, plus
+restrictions written as Python expressions over those names. Two more
+expressions say what a config costs the hardware (threads per block, shared
+memory bytes per block); the tuner checks them against a target's limits, the
+kernels check them against the local GPU at launch (and the CUDA twin takes the
+dynamic shared memory it asks for from the same expression). Expressions may
+also use `elt` (bytes per input element) and `arch` (the compute capability as
+an integer, 75 for sm_75).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
+
+
+@dataclass(frozen=True)
+class Space:
+    """Tunables of one kernel as data: values to try, rules that prune, costs."""
+
+    params: Mapping[str, tuple[int, ...]]
+    default: Mapping[str, int]
+    restrictions: tuple[str, ...] = ()
+    threads: str = "32 * num_warps"
+    smem_bytes: str = "0"
+    notes: str = ""
+    # Defaults for older GPUs, as overrides of `default`: {80: {...}} applies below sm_80.
+    defaults_below: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Launch paths check their config on every call: compile the rules once and
+        # remember verdicts, so a check costs a dict lookup, not a dozen evals.
+        # A rule may say why after a `#` ("arch >= 80  # bf16 tensor cores start at sm_80"): the
+        # reason is part of the message of every config it rejects.
+        rules = [(rule.partition("#")[0].strip(), rule.partition("#")[2].strip()) for rule in self.restrictions]
+        object.__setattr__(self, "_rules", tuple((expr, why, compile(expr, expr, "eval")) for expr, why in rules))
+        object.__setattr__(self, "_cost_code", (compile(self.threads, "threads", "eval"),
+                                                compile(self.smem_bytes, "smem_bytes", "eval")))
+        object.__setattr__(self, "_verdicts", {})
+        object.__setattr__(self, "_costs", {})
+        if set(self.default) != set(self.params):
+            raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
+        for overrides in (self.default, *self.defaults_below.values()):
+            for name, value in overrides.items():
+                if value not in self.params.get(name, ()):
+                    raise ValueError(f"default {name}={value} is outside the space {dict(self.params)}")
+
+    def _env(self, config: Mapping[str, int], elt: int, arch: int) -> dict:
+        return {**config, "elt": elt, "arch": arch}
+
+    @staticmethod
+    def _key(config: Mapping[str, int], elt: int, arch: int) -> tuple:
+        # The type is part of the key: True == 1 and 1.0 == 1, but neither is a valid tunable.
+        return tuple(sorted((k, type(v), v) for k, v in config.items())), elt, arch
+
+    def cost(self, config: Mapping[str, int], elt: int, arch: int = 90) -> dict[str, int]:
+        key = self._key(config, elt, arch)
+        if key not in self._costs:
+            env = self._env(config, elt, arch)
+            threads, smem = (int(eval(code, {}, env)) for code in self._cost_code)
+            self._costs[key] = {"threads": threads, "smem_bytes": smem}
+        return dict(self._costs[key])
+
+    def violated(self, config: Mapping[str, int], elt: int, arch: int = 90) -> str | None:
+        """The first rule the config breaks, or None. Never raises."""
+        try:
+            key = self._key(config, elt, arch)
+            return self._verdicts[key]
+        except TypeError:  # unhashable values: judged below, never remembered
+            return self._judge(config, elt, arch)
+        except KeyError:
+            verdict = self._verdicts[key] = self._judge(config, elt, arch)
+            return verdict
+
+    def _judge(self, config: Mapping[str, int], elt: int, arch: int) -> str | None:
+        unknown = set(config) - set(self.params)
+        if unknown:
+            return f"unknown tunable(s) {sorted(unknown)}; known: {sorted(self.params)}"
+        for name, values in self.params.items():
+            if name not in config:
+                return f"missing tunable {name}"
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{name}={value!r} is not an integer"
+            if value not in values:
+                return f"{name}={value} is outside the space {list(values)}"
+        env = self._env(config, elt, arch)
+        for rule, why, code in self._rules:
+            if not eval(code, {}, env):
+                return f"restriction `{rule}` fails" + (f": {why}" if why else "")
+        return None
+
+    def check(self, config: Mapping[str, int], elt: int, arch: int = 90) -> dict[str, int]:
+        problem = self.violated(config, elt, arch)
+        if problem:
+            raise ValueError(f"config: {problem} (config={dict(config)})")
+        return dict(config)
+
+    def default_for(self, arch: int) -> dict[str, int]:
+        """The config a kernel runs when given none, on a GPU of this arch."""
+        base = dict(self.default)
+        for below, overrides in sorted(self.defaults_below.items(), reverse=True):
+            if arch < below:
+                base.update(overrides)
+        return base
+
+    def resolve(self, config: Mapping[str, int] | None, elt: int, arch: int = 90) -> dict[str, int]:
+        """The arch's default updated with the user's values, then checked."""
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"config: expected a dict of tunables or None, got {type(config).__name__}")
+        return self.check({**self.default_for(arch), **(config or {})}, elt, arch)
+
+    def size(self) -> int:
+        n = 1
+        for values in self.params.values():
+            n *= len(values)
+        return n
+
+    def configs(self, elt: int, arch: int = 90) -> Iterator[dict[str, int]]:
+        """Every config that passes the restrictions, in a fixed order."""
+        names = list(self.params)
+        for values in itertools.product(*(self.params[n] for n in names)):
+            config = dict(zip(names, values))
+            if self.violated(config, elt, arch) is None:
+                yield config

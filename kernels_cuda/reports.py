@@ -1,0 +1,148 @@
+"""What a config costs the hardware: registers, shared memory, spills.
+
+`compile_reports` answers offline, with no GPU: it builds every config's
+representative variant (row-major operands, no epilogue extras) with nvcc in
+one call per source file and reads ptxas's numbers. `resource_report` answers
+from the variant a call with that config really launched on this GPU (its
+layout, epilogue and vector width included).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+
+from kernels_core import contract
+
+from . import _runtime as rt
+from . import elementwise, loss, optim, reduction
+# The package re-exports the function `matmul`, so the module's name is taken directly.
+from .matmul import report_variant as _matmul_variant
+
+_VARIANT_OF = {"matmul": _matmul_variant, "relu": elementwise.report_variant,
+               "relu_backward": elementwise.report_variant, "bias_add": elementwise.report_variant,
+               "bias_grad": reduction.report_variant, "softmax_cross_entropy": loss.report_variant,
+               "sgd_update": optim.report_variant}
+
+
+def _report_variant(op: str, dtype: str, config, arch: int) -> tuple[rt.Variant, int]:
+    from . import space
+
+    cfg = space(op, dtype).resolve(config, contract.DTYPES[dtype].itemsize, arch)
+    return _VARIANT_OF[op](op, dtype, cfg, arch)
+
+
+def compile_reports(op: str, dtype: str, configs, arch: int) -> list[dict]:
+    """Builds every config's variant with nvcc in one call per source file and
+    returns ptxas's numbers per config. All configs are checked against the
+    space before anything is compiled."""
+    built = [_report_variant(op, dtype, c, arch) for c in configs]
+    return compile_variants([v for v, _ in built], [s for _, s in built], arch)
+
+
+def compile_report(op: str, dtype: str, config=None, arch: int = 90) -> dict:
+    return compile_reports(op, dtype, [config], arch)[0]
+
+
+def resource_report(op: str, dtype: str, config=None) -> dict | None:
+    """Resources of the kernel the last call of `op` with this config launched on this GPU
+    (its layout, epilogue and vector width included), or None before any such call."""
+    import torch
+
+    from . import space
+
+    arch, _ = rt.device_props(torch.cuda.current_device())
+    cfg = space(op, dtype).resolve(config, contract.DTYPES[dtype].itemsize, arch)
+    return rt.resource_report(rt.tag(op, dtype, cfg))
+
+
+def nvcc_path() -> str | None:
+    return shutil.which("nvcc")
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+_DEMANGLED = re.compile(r"(\w+)<([^>]*)>")
+
+
+def _demangle(names: list[str]) -> list[str]:
+    """Mangled kernel names -> name expressions like kernel<1,2,3>."""
+    tool = shutil.which("cu++filt") or shutil.which("c++filt")
+    if tool is None:
+        raise RuntimeError("compile_reports needs cu++filt or c++filt to read ptxas output")
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    exprs = []
+    for line in out.splitlines():
+        m = _DEMANGLED.search(line)
+        exprs.append(f"{m.group(1)}<{m.group(2).replace(' ', '')}>" if m else line)
+    return exprs
+
+
+def compile_variants(variants: list[Variant], dynamic_smem: list[int], arch: int) -> list[dict]:
+    """Compiles many variants in one nvcc call (one translation unit per
+    source file) and returns, per variant, the ptxas resource numbers."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc is not on PATH: offline compile reports need the CUDA toolkit")
+    by_source: dict[str, list[int]] = {}
+    for i, v in enumerate(variants):
+        by_source.setdefault(v.source, []).append(i)
+    results: list[dict | None] = [None] * len(variants)
+    for src, idx in by_source.items():
+        unique = list(dict.fromkeys(variants[i].name_expr for i in idx))
+        refs = ",\n    ".join(f"(void*)&{e}" for e in unique)
+        tu = f'#include "{src}"\n\n// Taking the addresses instantiates the kernels.\nvoid* const kernel_refs[] = {{\n    {refs}\n}};\n'
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "variants.cu")
+            with open(path, "w") as f:
+                f.write(tu)
+            t0 = time.perf_counter()
+            proc = subprocess.run(
+                [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "--resource-usage", f"-I{rt.HERE}",
+                 "-o", os.path.join(tmp, "variants.cubin"), path],
+                capture_output=True, text=True)
+            seconds = time.perf_counter() - t0
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {src} on sm_{arch}:\n{log[-4000:]}")
+        parsed = _parse_ptxas(log)
+        per = seconds / len(unique)
+        for i in idx:
+            info = parsed.get(variants[i].name_expr)
+            if info is None:
+                raise RuntimeError(f"no ptxas report for {variants[i].name_expr} on sm_{arch}:\n{log[-4000:]}")
+            results[i] = {
+                "registers": info["registers"],
+                "smem_bytes": info["static_smem"] + dynamic_smem[i],
+                "spill_bytes": info["spill_bytes"],
+                "compile_s": per,
+            }
+    return results  # type: ignore[return-value]
+
+
+def _parse_ptxas(log: str) -> dict[str, dict]:
+    blocks: list[tuple[str, list[str]]] = []
+    for line in log.splitlines():
+        m = _PTXAS_ENTRY.search(line)
+        if m:
+            blocks.append((m.group(1), []))
+        elif blocks:
+            blocks[-1][1].append(line)
+    names = _demangle([b[0] for b in blocks]) if blocks else []
+    out = {}
+    for expr, (_, lines) in zip(names, blocks):
+        text = "\n".join(lines)
+        spill = _PTXAS_SPILL.search(text)
+        used = _PTXAS_USED.search(text)
+        smem = _PTXAS_SMEM.search(text)
+        out[expr] = {
+            "registers": int(used.group(1)) if used else 0,
+            "spill_bytes": int(spill.group(1)) + int(spill.group(2)) if spill else 0,
+            "static_smem": int(smem.group(1)) if smem else 0,
+        }
+    return out
