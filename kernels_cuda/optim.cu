@@ -1,7 +1,10 @@
 // sgd_update: torch.optim.SGD's step as one elementwise pass.
+// Build alone, no GPU needed (registers, shared memory and spills of the default configs):
+//   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/optim.cu
 //
 // With momentum it moves 4 (param) * 2 + 4 (buffer) * 2 + elt (grad) bytes for
-// 4 FLOPs per element: bandwidth bound, like the kernels of elementwise.cu,
+// 4 FLOPs per element (20 bytes with fp32 grads: 1.9M params of the default MLP
+// are 37 MB, at least 8.8 µs at 4.25 TB/s): bandwidth bound, like the kernels of elementwise.cu,
 // whose work split (common.cuh's vector_index / tail_index) it shares.
 #include "common.cuh"
 
@@ -57,3 +60,10 @@ sgd_kernel(float* p, const typename Elt<DT>::T* g, float* buf, float lr, float m
         p[t] = p[t] - lr * d;
     }
 }
+
+#ifdef STANDALONE
+// The default configs (kernels_cuda/elementwise.py: SPACE), instantiated for the build line at the top.
+void* const standalone_kernels[] = {
+    (void*)&sgd_kernel<DT_FP32, 4, 4, 128, 1>
+};
+#endif

@@ -1,4 +1,6 @@
 // bias_grad: column sums of a gradient, in fp32.
+// Build alone, no GPU needed (registers, shared memory and spills of the default configs):
+//   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/reduction.cu
 #include "common.cuh"
 
 // db[c] = sum_m grad[m, c] in fp32, grad a contiguous [M, ncols] array.
@@ -53,3 +55,10 @@ bias_grad_kernel(const typename Elt<DT>::T* grad, float* db, i64 nrows, i64 ncol
         }
     }
 }
+
+#ifdef STANDALONE
+// The default configs (kernels_cuda/reduction.py: SPACE), instantiated for the build line at the top.
+void* const standalone_kernels[] = {
+    (void*)&bias_grad_kernel<DT_FP32, 4, 8, 256>
+};
+#endif

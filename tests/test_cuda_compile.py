@@ -159,3 +159,23 @@ def test_import_needs_no_cupy():
     code = ("import sys; sys.modules['cupy'] = None; import kernels_cuda as kc; "
             "kc.space('matmul', 'fp16'); assert 'cupy' not in [m for m in sys.modules if sys.modules[m]]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+CU_FILES = sorted(p.name for p in __import__("pathlib").Path(rt.HERE).glob("*.cu"))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", CU_FILES)
+def test_each_cu_files_header_build_line_works(name):
+    """The standalone build line at the top of every .cu file builds its default kernels (a learner's
+    first command), and its resource report lists at least one kernel."""
+    import shlex
+    import subprocess
+
+    with open(f"{rt.HERE}/{name}") as f:
+        lines = [line for line in f.read().splitlines()[:12] if line.startswith("//   nvcc ")]
+    assert len(lines) == 1, f"{name}: no '//   nvcc ...' build line near the top"
+    cmd = shlex.split(lines[0][len("//   "):])
+    done = subprocess.run(cmd, cwd=rt.HERE + "/..", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Used" in done.stdout + done.stderr, f"{name}: the build instantiated no kernel"

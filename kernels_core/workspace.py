@@ -1,0 +1,40 @@
+"""Scratch memory of split-K matmuls: fp32 partial tiles and per-tile arrival counters.
+
+A split-K product cuts K into SPLIT_K slices, each computed by its own program.
+Every program writes its fp32 partial tile to `partials[slice]` and then bumps
+its tile's counter (release); the program that arrives last (acquire) sums the
+slices in slice order 0, 1, ..., SPLIT_K - 1, applies bias and ReLU once,
+stores C and sets the counter back to 0. The sum order never depends on who
+arrives last, so the same inputs give the same bits on every run, and the
+counters are zero again for the next call: they are zeroed once, here.
+
+Both twins use this one helper. The buffers live per device and grow on
+demand (doubling), so a training step's calls reuse them without allocating,
+and a CUDA graph that captured calls keeps pointing at live memory: a buffer
+is never freed once handed out, only outgrown. Calls on one device share the
+buffers, so they must be ordered: one stream, as a training step runs.
+"""
+from __future__ import annotations
+
+import torch
+
+_live: dict[tuple[str, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
+_outgrown: list[torch.Tensor] = []  # kept alive: a captured graph may still point at them
+
+
+def _grown(current: torch.Tensor | None, need: int, make) -> torch.Tensor:
+    if current is not None and current.numel() >= need:
+        return current
+    if current is not None:
+        _outgrown.append(current)
+    return make(max(need, 2 * (current.numel() if current is not None else 0)))
+
+
+def splitk_workspace(device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partials of at least `partial_elems`, int32 counters of at least `tiles`, all zero)."""
+    key = (device.type, device.index)
+    partials, counters = _live.get(key, (None, None))
+    partials = _grown(partials, partial_elems, lambda n: torch.empty(n, dtype=torch.float32, device=device))
+    counters = _grown(counters, tiles, lambda n: torch.zeros(n, dtype=torch.int32, device=device))
+    _live[key] = (partials, counters)
+    return partials, counters
