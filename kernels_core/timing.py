@@ -5,6 +5,13 @@ after a write of a buffer larger than L2 (so each repetition reads its inputs
 from device memory, as a kernel in a real step would after other work) unless
 `flush_l2=False`. On a CPU (Triton interpreter, tests) a host clock is used.
 Reported: median, p20 and p80 in milliseconds over the repetitions.
+
+Why not `triton.testing.do_bench` / `do_bench_cudagraph`, which do the same
+on a GPU: this module is the neutral core's, which imports neither Triton
+nor CuPy (the CUDA twin and the trainer time through it too); the tuner needs
+an early stop by measured seconds so a slow candidate cannot stall a search;
+and the CPU (interpreter) path times with the host clock, where do_bench
+needs a device.
 """
 from __future__ import annotations
 
