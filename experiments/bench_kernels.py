@@ -1,6 +1,16 @@
-"""Both kernel twins at their default configs next to PyTorch, in one run.
+"""Both kernel twins next to PyTorch, in one run.
 
-    python -m experiments.bench_kernels [--quick] [--only elementwise,gemm,mlp]
+    python -m experiments.bench_kernels [--quick] [--only elementwise,gemm,mlp,trainer]
+        [--tuned-configs PATH] [--repeat N] [--out CSV]
+
+Groups: `elementwise` (256M elements), `gemm` (4096^3 per dtype), `mlp` (81
+MLP-shaped GEMMs per dtype, default configs), and `trainer`: the GEMMs the
+trainer runs, in both of its protocols (default: fp32, batch 128,
+784-H-H-10 at H = 128, 1024, 4096; seed: fp16, batch 32, 784-H-H-H-10 at
+H = 128, 1024, 4096, 8192), with each twin's default config and, where the
+tuned store (experiments/<target>/best.json) has that exact shape, its tuned
+one. `--repeat N` runs every case N times in turn, so the spread between runs
+of one config shows next to the differences between configs.
 
 Every case is checked against a reference before it is timed (a wrong kernel
 is reported as such and never timed). Two times per row, both medians of many
@@ -73,6 +83,35 @@ def mlp_cases(dtypes: list[str]) -> list[Case]:
                                       {"bias": True, "activation": "relu"}))
                     cases.append(Case("mlp", "matmul", dt, (fan_in, fan_out, batch), "tn"))
                     cases.append(Case("mlp", "matmul", dt, (batch, fan_in, fan_out), "nt"))
+    return cases
+
+
+TRAINER_PROTOCOLS = (  # (dtype, batch, layers, widths): the two protocols of experiments.compare
+    ("fp32", 128, 2, (128, 1024, 4096)),
+    ("fp16", 32, 3, (128, 1024, 4096, 8192)),
+)
+
+
+def trainer_cases(store=None) -> list[Case]:
+    """The distinct GEMMs of both trainer protocols, with the default and (when the store has the
+    exact shape) the tuned config of each twin."""
+    from autotune.workload import mnist_mlp_calls
+
+    cases, seen = [], set()
+    for dtype, batch, layers, widths in TRAINER_PROTOCOLS:
+        for hidden in widths:
+            for call in mnist_mlp_calls(hidden, layers, batch, dtype):
+                if call.op != "matmul" or (dtype, call.key) in seen:
+                    continue
+                seen.add((dtype, call.key))
+                configs = {}
+                for backend in ("cuda", "triton"):
+                    configs[backend] = [("default", None)]
+                    tuned, source = store.lookup("matmul", backend, dtype, call.key) if store else (None, "")
+                    if source == "tuned":
+                        configs[backend].append(("tuned", tuned))
+                kwargs = {"bias": call.bias, "activation": call.activation}
+                cases.append(Case("trainer", "matmul", dtype, call.shape, call.layout, kwargs, configs))
     return cases
 
 
@@ -175,10 +214,16 @@ def measure_copy(n: int, device) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fp16 only for the MLP shapes")
-    ap.add_argument("--only", default="elementwise,gemm,mlp", help="comma list of case groups")
+    ap.add_argument("--only", default="elementwise,gemm,mlp", help="comma list of case groups "
+                    "(elementwise, gemm, mlp, trainer)")
     ap.add_argument("--backends", default="cuda,triton,torch")
+    ap.add_argument("--tuned-configs", default=None,
+                    help="tuned store for the trainer group (default experiments/<target>/best.json if it exists)")
+    ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
     ap.add_argument("--out", default=None, help="CSV path (default experiments/results/kernels_<gpu>.csv)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA GPU: nothing to time on this machine.", file=sys.stderr)
         return 2
@@ -196,29 +241,49 @@ def main(argv=None) -> int:
         cases += gemm_cases(2048 if args.quick else 4096)
     if "mlp" in groups:
         cases += mlp_cases(["fp16"] if args.quick else ["fp32", "fp16"])
+    if "trainer" in groups:
+        cases += trainer_cases(_tuned_store(args.tuned_configs))
 
     copy_gbps = measure_copy(n_rows * 4096, device)
     print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
     prov = provenance()
-    rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{n_rows * 4096}",
-                 status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
-    for i, case in enumerate(cases):
-        rows += run_case(case, backends, device, gen, copy_gbps)
-        print(f"[{i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} {case.shape}", file=sys.stderr, flush=True)
-
     out = Path(args.out) if args.out else RESULTS / f"kernels_{device_slug()}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
                "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
-               "graph_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", *prov]
+               "graph_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep", *prov]
+    rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{n_rows * 4096}",
+                 status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
+    # Rows are written as each case ends, so a run stopped at its time limit keeps what it measured.
     with out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({**prov, **row})
+        writer.writerow({**prov, **rows[0]})
+        for rep in range(args.repeat):
+            for i, case in enumerate(cases):
+                done = run_case(case, backends, device, gen, copy_gbps)
+                for row in done:
+                    writer.writerow({**prov, **row, "rep": rep})
+                f.flush()
+                rows += done
+                print(f"[{rep + 1}/{args.repeat} {i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} "
+                      f"{case.shape}", file=sys.stderr, flush=True)
     print_table(rows)
     print(f"wrote {out}")
     return 0
+
+
+def _tuned_store(path):
+    """The tuned store for the local GPU, or None (then the trainer group times defaults only)."""
+    from autotune.store import load_store
+    from autotune.targets import local_gpu
+
+    target = local_gpu()[0]
+    path = Path(path) if path else RESULTS.parent / target / "best.json"
+    if not path.exists():
+        print(f"no tuned store at {path}: the trainer group times default configs only", file=sys.stderr)
+        return None
+    return load_store(path, target)
 
 
 def _fmt(v, spec):
