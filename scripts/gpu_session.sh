@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine: run the named stages in order, each under its own time limit,
-# and pack everything they wrote, logs included, into $OUT/results.tgz (the device tool brings back
-# at most 8 files); $OUT/summary.txt has each stage's exit code and the end of its log.
+# One call on the lent GPU machine: run the named stages, each under its own time limit, and pack
+# everything they wrote, logs included, into $OUT/results.tgz (the device tool brings back at most
+# 8 files); $OUT/summary.txt has each stage's exit code and the end of its log.
 #   bash scripts/gpu_session.sh "tests:200 bench:150 tune:240"
-# Stages: tests, bench, tune, train, compare, quality (see the case list below).
+# Lanes separated by "|" run at the same time, each on the GPU named after "@" (stages within a
+# lane run in order); on a machine of two GPUs:
+#   bash scripts/gpu_session.sh "tune:520@0 | testall:520@1"
+# Stages: tests, testall, bench, tune, retune, compare, quality (see the case list below);
+# their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS, QUALITY_ARGS, TEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lab-out}
@@ -14,11 +18,11 @@ if [ -d .whl ]; then
         && export PYTHONPATH="$PWD:/tmp/site"
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOGS/gpu.txt" 2>&1
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOGS/gpu.txt" 2>&1
 
 run_stage() {
     local name=$1 limit=$2; shift 2
-    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
+    echo "== $name (limit ${limit}s, GPU ${CUDA_VISIBLE_DEVICES:-all}): $*" | tee -a "$OUT/summary.txt"
     local t0=$SECONDS
     timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
     local rc=$?
@@ -26,19 +30,34 @@ run_stage() {
     tail -n 25 "$LOGS/$name.log" >> "$OUT/summary.txt"
 }
 
-for spec in $1; do
-    stage=${spec%%:*}; limit=${spec##*:}
-    case $stage in
-        tests)   run_stage tests "$limit" python3 -m pytest -q -x -m gpu -p no:cacheprovider ;;
-        testall) run_stage testall "$limit" python3 -m pytest -q -p no:cacheprovider ;;
-        bench)   run_stage bench "$limit" python3 -m experiments.bench_kernels ;;
-        tune)    run_stage tune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
-        retune)  run_stage retune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
-        train)   run_stage train "$limit" python3 -m experiments.train_all ;;
-        compare) run_stage compare "$limit" python3 -m experiments.compare ${COMPARE_ARGS:-} ;;
-        quality) run_stage quality "$limit" python3 -m experiments.search_quality ${QUALITY_ARGS:-} ;;
-        *) echo "unknown stage $stage" | tee -a "$OUT/summary.txt" ;;
-    esac
+run_lane() {
+    for spec in $1; do
+        local stage=${spec%%:*} rest=${spec#*:}
+        local limit=${rest%%@*}
+        case $stage in
+            tests)   run_stage tests "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_ARGS:-} ;;
+            testall) run_stage testall "$limit" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ;;
+            bench)   run_stage bench "$limit" python3 -m experiments.bench_kernels ${BENCH_ARGS:-} ;;
+            tune)    run_stage tune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
+            retune)  run_stage retune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
+            compare) run_stage compare "$limit" python3 -m experiments.compare ${COMPARE_ARGS:-} ;;
+            quality) run_stage quality "$limit" python3 -m experiments.search_quality ${QUALITY_ARGS:-} ;;
+            *) echo "unknown stage $stage" | tee -a "$OUT/summary.txt" ;;
+        esac
+    done
+}
+
+IFS='|' read -ra LANES <<< "$1"
+pids=()
+for lane in "${LANES[@]}"; do
+    gpu=$(grep -o '@[0-9,]*' <<< "$lane" | head -n 1 | tr -d @)
+    if [ -n "$gpu" ]; then
+        (export CUDA_VISIBLE_DEVICES=$gpu; run_lane "$lane") &
+    else
+        run_lane "$lane" &
+    fi
+    pids+=($!)
 done
+wait "${pids[@]}"
 tar czf "$OUT/results.tgz" experiments/results experiments/sm_* experiments/runs "$LOGS" 2>/dev/null
 ls -la "$OUT"
