@@ -112,6 +112,8 @@ def _step_time_table(df: pd.DataFrame, with_accuracy: bool) -> str:
     if with_accuracy:
         acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
         cells["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
+    setup = df.pivot_table(index="variant", values="setup_seconds", aggfunc="max")
+    cells["max setup s"] = setup.setup_seconds.map("{:.1f}".format)
     return _table(cells.reset_index())
 
 
@@ -142,8 +144,8 @@ def compare_section(gpu: str) -> list[str]:
             lines += [f"### Training step time, {net}, "
                       f"{length if full else f'step time only (first {length})'}, {dtype} ({_provenance(run)})", "",
                       f"`python -m experiments.compare --protocol {proto} --dtype {dtype}{steps}` — median step "
-                      "time (data gather included), compilation and autotuning excluded; in bold the fastest torch "
-                      "variant at each width.", "",
+                      "time (data gather included); compilation and autotuning excluded from it, and shown as setup "
+                      "seconds (the most at any width); in bold the fastest torch variant at each width.", "",
                       _step_time_table(run, with_accuracy=full), ""]
             if (run.backend != "torch").any():
                 lines += ["Speedups against the best (fastest) torch variant and against torch eager of the same "

@@ -10,9 +10,10 @@ and loosely over 100 steps, where only rounding has had time to grow
 (experiments.compare.TRACKING, which compare applies to every fp32 row too).
 
 Every torch variant of experiments.compare is trained here against eager: the
-max-autotune ones at H=128, the width compare autotunes first, since autotuning
-costs ~35 s per GEMM shape (~4 min cold at H=128); after compare's H=128 rows on
-the same machine, inductor's on-disk cache makes them cheap.
+max-autotune ones (marked slow) at H=128, the width compare autotunes first,
+since autotuning costs ~35 s per GEMM shape (~4 min cold at H=128); after
+compare's H=128 rows on the same machine, inductor's on-disk cache makes them
+cheap.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from trainer.train import step_time, train
 
 pytestmark = pytest.mark.gpu
 KERNELS = ("cuda", "triton")
-TORCH_VARIANTS = [v for v, spec in VARIANTS.items() if spec["backend"] == "torch" and v != "torch-eager"]
+TORCH_VARIANTS = [pytest.param(v, marks=[pytest.mark.slow] if autotunes(v) else [])
+                  for v, spec in VARIANTS.items() if spec["backend"] == "torch" and v != "torch-eager"]
 
 
 def _assert_tracks(got: np.ndarray, expected: np.ndarray) -> None:
