@@ -2,8 +2,10 @@
 
     python -m experiments.plots [--gpu h200]
 
-- step_time_<gpu>_<dtype>.png: step time vs H per variant (log-log), speedup
-  vs torch eager beneath, as the seed study drew it (compare_*.csv);
+- step_time_<gpu>_<dtype>.png: step time vs H per variant (log-log), and
+  beneath it the speedup vs the fastest torch variant at each width (named
+  above that panel) and vs torch eager (compare_*.csv; a step-time-only run
+  of N steps gets its own, step_time_<gpu>_<dtype>_<N>steps.png);
 - loss_curves_<gpu>_<dtype>.png: every variant's loss curve overlaid;
 - tuned_vs_default_<gpu>.png: speedup of each tuned kernel over its default
   config (best.json in --tuning-dir, default experiments/<target>/);
@@ -26,7 +28,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.report import latest  # noqa: E402
+from experiments import compare  # noqa: E402
+from experiments.report import latest, load_compare  # noqa: E402
 
 EXPERIMENTS = Path(__file__).resolve().parent
 RESULTS = EXPERIMENTS / "results"
@@ -35,23 +38,34 @@ RESULTS = EXPERIMENTS / "results"
 def step_time(gpu: str) -> list[Path]:
     made = []
     for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")):
-        df = latest(pd.read_csv(path), ["variant", "hidden"])
+        df = load_compare(path)
         if df.empty:
             continue
         dtype = path.stem.split("_")[-1]
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(2, 1))
-        for variant, g in df.groupby("variant"):
-            g = g.sort_values("hidden")
-            top.plot(g.hidden, g.median_step_us, marker="o", label=variant)
-            bottom.plot(g.hidden, g.speedup_vs_torch_eager, marker="o", label=variant)
-        top.set(xscale="log", yscale="log", ylabel="median step time (µs)",
-                title=f"MNIST MLP 784-H-H-H-10, batch 32, {dtype}, {df.device.iloc[0]}")
-        top.legend(fontsize=8)
-        bottom.axhline(1.0, color="grey", lw=0.8)
-        bottom.set(xscale="log", xlabel="hidden width H", ylabel="speedup vs torch eager")
-        for ax in (top, bottom):
-            ax.grid(True, which="both", alpha=0.3)
-        made.append(save(fig, f"step_time_{gpu}_{dtype}.png"))
+        own = compare.protocol_length(df.protocol.iloc[0])
+        for length, run in df.groupby("run_length", sort=False):
+            run = latest(run, ["variant", "hidden"])
+            fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(7, 9), sharex=True, height_ratios=(2, 1, 1))
+            for variant, g in run.groupby("variant"):
+                g = g.sort_values("hidden")
+                top.plot(g.hidden, g.median_step_us, marker="o", label=variant)
+                mid.plot(g.hidden, pd.to_numeric(g.speedup_vs_best_torch, errors="coerce"), marker="o")
+                bottom.plot(g.hidden, pd.to_numeric(g.speedup_vs_torch_eager, errors="coerce"), marker="o")
+            fastest = run[run.backend == "torch"].sort_values("median_step_us").drop_duplicates("hidden")
+            widths = fastest.sort_values("hidden").groupby("variant", sort=False).hidden
+            mid.set_title("fastest torch: " + "; ".join(f"{v} at H={', '.join(map(str, hs))}" for v, hs in widths),
+                          fontsize=8)
+            top.set(xscale="log", yscale="log", ylabel="median step time (µs)",
+                    title=f"MNIST MLP 784-H-H-H-10, batch 32, {dtype}, {length}, {df.device.iloc[0]}")
+            top.legend(fontsize=8)
+            mid.set(ylabel="speedup vs the\nfastest torch variant")
+            bottom.set(xscale="log", xlabel="hidden width H", ylabel="speedup vs torch eager")
+            for ax in (top, mid, bottom):
+                ax.grid(True, which="both", alpha=0.3)
+            for ax in (mid, bottom):
+                ax.axhline(1.0, color="grey", lw=0.8)
+            suffix = "" if length == own else "_" + length.replace(" ", "")
+            made.append(save(fig, f"step_time_{gpu}_{dtype}{suffix}.png"))
     return made
 
 

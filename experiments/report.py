@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments import compare
+
 EXPERIMENTS = Path(__file__).resolve().parent
 RESULTS = EXPERIMENTS / "results"
 README = EXPERIMENTS.parent / "README.md"
@@ -82,28 +84,76 @@ def kernels_section(gpu: str) -> list[str]:
     return lines
 
 
+def load_compare(path: Path) -> pd.DataFrame:
+    """A compare CSV with every row's speedups (re)computed by compare's own rule: CSVs written before a
+    column existed get it, and rows added to a run key since are counted."""
+    df = pd.read_csv(path)
+    if df.empty:
+        return df
+    length = compare.protocol_length(df.protocol.iloc[0])
+    # Rows from before `run_length` was recorded ran the whole protocol.
+    df["run_length"] = df["run_length"].fillna(length) if "run_length" in df else length
+    rows = df.to_dict("records")
+    compare.add_speedups(rows)
+    return pd.DataFrame(rows)
+
+
+def _speedup(v) -> str:
+    return f"{v:.2f}×" if v != "" and pd.notna(v) else ""
+
+
+def _step_time_table(df: pd.DataFrame, with_accuracy: bool) -> str:
+    piv = df.pivot_table(index="variant", columns="hidden", values="median_step_us")
+    fastest = df[df.backend == "torch"].sort_values("median_step_us").drop_duplicates("hidden")
+    cells = piv.map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
+    for r in fastest.itertuples():
+        cells.loc[r.variant, r.hidden] = f"**{cells.loc[r.variant, r.hidden]}**"
+    cells.columns = [f"H={c} µs" for c in cells.columns]
+    if with_accuracy:
+        acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
+        cells["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
+    setup = df.pivot_table(index="variant", values="setup_seconds", aggfunc="max")
+    cells["max setup s"] = setup.setup_seconds.map("{:.1f}".format)
+    return _table(cells.reset_index())
+
+
+def _speedup_table(df: pd.DataFrame) -> str:
+    kernels = df[df.backend != "torch"].sort_values(["hidden", "variant"])
+    best_us = kernels.median_step_us * pd.to_numeric(kernels.speedup_vs_best_torch, errors="coerce")
+    return _table(pd.DataFrame({
+        "H": kernels.hidden, "variant": kernels.variant, "µs": kernels.median_step_us.map("{:.0f}".format),
+        "best torch": [f"{v} ({us:.0f} µs)" if v else "" for v, us in zip(kernels.best_torch_variant, best_us)],
+        "vs best torch": kernels.speedup_vs_best_torch.map(_speedup),
+        "vs torch eager": kernels.speedup_vs_torch_eager.map(_speedup)}))
+
+
 def compare_section(gpu: str) -> list[str]:
     lines = []
     for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")) + sorted(RESULTS.glob(f"trainer_{gpu}_*.csv")):
-        df = latest(pd.read_csv(path), ["variant", "hidden"])
+        df = load_compare(path)
         if df.empty:
             continue
-        piv = df.pivot_table(index="variant", columns="hidden", values="median_step_us")
-        piv = piv.map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
-        piv.columns = [f"H={c} µs" for c in piv.columns]
-        acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
-        piv["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
-        proto = df.protocol.iloc[0]
-        what = ("seed protocol: 784-H-H-H-10, batch 32, SGD lr 0.003, 5000 steps" if proto == "seed"
-                else "trainer defaults: 784-H-H-10, batch 128, SGD momentum 0.9, 10 epochs")
-        lines += [f"### Training step time, {what}, {df.dtype.iloc[0]} ({_provenance(df)})", "",
-                  f"`python -m experiments.compare --protocol {proto} --dtype {df.dtype.iloc[0]}` — median step "
-                  "time (data gather included), compilation excluded.", "",
-                  _table(piv.reset_index()), ""]
-        for name, alt in (("step_time", "step time vs H"), ("loss_curves", "loss curves")):
-            plot = RESULTS / f"{name}_{gpu}_{df.dtype.iloc[0]}.png"
-            if proto == "seed" and plot.exists():
-                lines += [f"![{alt}]({plot.relative_to(README.parent)})", ""]
+        proto, dtype = df.protocol.iloc[0], df.dtype.iloc[0]
+        own = compare.protocol_length(proto)
+        net = ("seed protocol: 784-H-H-H-10, batch 32, SGD lr 0.003" if proto == "seed"
+               else "trainer defaults: 784-H-H-10, batch 128, SGD momentum 0.9")
+        for length, run in df.groupby("run_length", sort=False):
+            run = latest(run, ["variant", "hidden"])
+            full = length == own
+            steps = "" if full else f" --steps {length.split()[0]}"
+            lines += [f"### Training step time, {net}, "
+                      f"{length if full else f'step time only (first {length})'}, {dtype} ({_provenance(run)})", "",
+                      f"`python -m experiments.compare --protocol {proto} --dtype {dtype}{steps}` — median step "
+                      "time (data gather included); compilation and autotuning excluded from it, and shown as setup "
+                      "seconds (the most at any width); in bold the fastest torch variant at each width.", "",
+                      _step_time_table(run, with_accuracy=full), ""]
+            if (run.backend != "torch").any():
+                lines += ["Speedups against the best (fastest) torch variant and against torch eager of the same "
+                          "run key (width, protocol, run length, commit):", "", _speedup_table(run), ""]
+            for name, alt in (("step_time", "step time vs H"), ("loss_curves", "loss curves")):
+                plot = RESULTS / f"{name}_{gpu}_{dtype}.png"
+                if proto == "seed" and full and plot.exists():
+                    lines += [f"![{alt}]({plot.relative_to(README.parent)})", ""]
     return lines
 
 

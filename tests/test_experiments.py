@@ -82,3 +82,75 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     assert (rows.loc[rows.variant == "cuda-tuned", "speedup_vs_torch_eager"] == 4.0).all()
     assert (rows.loc[rows.variant == "cuda-tuned", "max_loss_diff_vs_torch_eager"] == 0.0).all()
     assert rows.tuned_configs_sha.nunique(dropna=True) == 2 and rows.run_length.eq("10 epochs").all()
+
+
+def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_run(tmp_path, monkeypatch):
+    """The fastest torch variant is per width and per run key: a step-time-only run (--steps) is measured
+    against its own torch rows only. Max-autotune variants run only at the widths asked for; a loss curve
+    that leaves eager's is flagged; the README names the fastest torch variant."""
+    import types
+
+    trained = []
+    step_us = {  # (variant's torch_graph, compile) -> µs at H=128, H=1024
+        (False, None): (1000.0, 1100.0), (True, None): (200.0, 90.0),
+        (True, "max-autotune-no-cudagraphs"): (100.0, None)}
+
+    def fake_train(cfg):
+        trained.append((cfg.backend, cfg.compile, cfg.torch_graph, cfg.hidden, cfg.steps))
+        us = 150.0 if cfg.backend == "cuda" else step_us[cfg.torch_graph, cfg.compile][cfg.hidden == 1024]
+        losses = [2.0, 1.5, 1.2, 1.0, 0.9][:3 if cfg.steps else 5]
+        if cfg.backend == "cuda":
+            losses[1] *= 1 + 1e-3  # beyond 1e-4 over the first steps
+        runs = tmp_path / "runs"
+        runs.mkdir(exist_ok=True)
+        run_csv = runs / f"run{len(trained)}.csv"
+        run_csv.write_text("step,loss,step_time_us\n" + "".join(f"{i},{v},{us}\n" for i, v in enumerate(losses)))
+        return types.SimpleNamespace(steps=len(losses), median_step_us=us, train_seconds=1.0, setup_seconds=0.5,
+                                     final_loss=losses[-1], test_accuracy=0.9, seconds_to_98=None, config_source="x",
+                                     csv=str(run_csv), provenance={"commit": "abc"})
+
+    results = tmp_path / "results"
+    monkeypatch.setattr(compare, "RESULTS", results)
+    monkeypatch.setattr(compare, "train", fake_train)
+    monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
+    common = ["--protocol", "default", "--tuned-configs", str(tmp_path / "no_store.json")]
+    assert compare.main([*common, "--hidden", "128,1024", "--max-autotune-hidden", "128",
+                         "--variants", "torch-graph,torch-compile-max-graph,cuda-default"]) == 0
+    assert [t[1] for t in trained].count("max-autotune-no-cudagraphs") == 1  # at H=128 only
+    assert compare.main([*common, "--hidden", "128", "--steps", "300", "--variants", "torch-eager,cuda-default"]) == 0
+    assert len(trained) == 9 and trained[-1][-1] == 300
+
+    csv_path = next(results.glob("trainer_*_fp32.csv"))
+    rows = pd.read_csv(csv_path).set_index(["variant", "hidden", "run_length"])
+    full, timing = "10 epochs", "300 steps"
+    assert rows.loc[("cuda-default", 128, full), "best_torch_variant"] == "torch-compile-max-graph"
+    assert rows.loc[("cuda-default", 128, full), "speedup_vs_best_torch"] == 100.0 / 150.0
+    assert rows.loc[("cuda-default", 128, full), "speedup_vs_torch_eager"] == 1000.0 / 150.0
+    assert rows.loc[("cuda-default", 1024, full), "best_torch_variant"] == "torch-graph"
+    assert rows.loc[("cuda-default", 1024, full), "speedup_vs_best_torch"] == 90.0 / 150.0
+    assert rows.loc[("cuda-default", 128, timing), "best_torch_variant"] == "torch-eager"
+    assert rows.loc[("torch-graph", 128, full), "tracks_torch_eager"] == "yes"
+    assert rows.loc[("cuda-default", 128, full), "tracks_torch_eager"].startswith("step 2: relative difference")
+    # The step-time-only run left the protocol's loss curves alone.
+    curve = pd.read_csv(next((results / "loss_curves").glob("losses_*_torch-eager.csv")))
+    assert curve.step.tolist() == [5, 5] and sorted(curve.hidden) == [128, 1024]
+
+    monkeypatch.setattr(report, "RESULTS", results)
+    text = "\n".join(report.compare_section(csv_path.stem.split("_")[1]))
+    assert "10 epochs" in text and "step time only (first 300 steps)" in text and "--steps 300" in text
+    assert "| torch-compile-max-graph | **100** |" in text  # H=128: the fastest torch variant, in bold
+    assert "| 128 | cuda-default | 150 | torch-compile-max-graph (100 µs) | 0.67× | 6.67× |" in text
+    assert "| 128 | cuda-default | 150 | torch-eager (1000 µs) | 6.67× | 6.67× |" in text
+
+
+def test_tracking_failure_names_the_first_step_out_of_tolerance():
+    ref = [2.0 + 0.01 * i for i in range(100)]
+    assert compare.tracking_failure(ref, ref) is None
+    assert compare.tracking_failure([v * (1 + 9e-5) for v in ref], ref) is None
+    early = [v * (1 + 2e-4) if i == 3 else v for i, v in enumerate(ref)]
+    assert compare.tracking_failure(early, ref).startswith("step 4:")
+    late = [v * (1 + 6e-2) if i == 80 else v for i, v in enumerate(ref)]
+    assert compare.tracking_failure(late, ref).startswith("step 81:")
+    assert compare.tracking_failure(late[:80], ref) is None  # past the run, nothing to hold it to
+    assert compare.tracking_failure([float("nan")] + ref[1:], ref).startswith("step 1:")

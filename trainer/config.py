@@ -17,7 +17,8 @@ from kernels_core.backends import BUILTIN
 from trainer.data import DEFAULT_DIR
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
-COMPILE_MODES = ("default", "max-autotune", "reduce-overhead")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor captures its own CUDA graphs
 
 
 @dataclass
@@ -40,8 +41,8 @@ class Config:
     train_subset: int = 0  # > 0: train on the first N images only (quick runs)
     out: str = "experiments"
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
-    compile: str | None = None  # torch backend: torch.compile mode
-    torch_graph: bool = False  # torch backend: whole-step CUDA graph
+    compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
+    torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
     eval_every: int = 0  # steps between test evaluations; 0: end of each epoch
     progress: bool = True
 
@@ -52,7 +53,7 @@ class Config:
             raise ValueError(f"dtype {self.dtype!r} is not one of fp32, fp16, bf16")
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ValueError(f"compile mode {self.compile!r} is not one of {COMPILE_MODES}")
-        if self.compile in ("reduce-overhead", "max-autotune") and self.torch_graph:
+        if self.compile in CUDAGRAPH_MODES and self.torch_graph:
             raise ValueError(f"--compile {self.compile} already uses CUDA graphs; drop --torch-graph")
         if (self.compile or self.torch_graph) and self.backend != "torch":
             raise ValueError("--compile and --torch-graph apply to the torch backend only")
@@ -101,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help=f"output root; runs go to <out>/runs/ (default {d.out})")
     p.add_argument("--no-graph", dest="graph", action="store_const", const=False,
                    help="cuda/triton: launch eagerly instead of replaying one CUDA graph per step")
-    p.add_argument("--compile", choices=COMPILE_MODES, help="torch backend: torch.compile mode")
+    p.add_argument("--compile", choices=COMPILE_MODES,
+                   help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,
                    help="torch backend: capture the whole step (forward, backward, SGD) in a CUDA graph")
     p.add_argument("--eval-every", type=int, help="steps between test evaluations (default: every epoch)")

@@ -34,7 +34,9 @@ class Stepper:
         if capture:
             self.graph = timing.capture(self.eager, warmup=GRAPH_WARMUP)
         else:
-            self.eager()
+            # A backend whose first steps are not yet its steady state says how many there are.
+            for _ in range(getattr(self.backend, "warmup_steps", 1)):
+                self.eager()
         self.backend.restore(saved)
         self.batches.pos.zero_()
 
