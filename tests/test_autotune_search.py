@@ -22,6 +22,7 @@ import torch
 from autotune.store import load_store
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # every test here runs the tuner in subprocesses
 
 
 @pytest.fixture(autouse=True)
