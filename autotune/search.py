@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m autotune.search", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS],
-                   help="GPU to tune for; auto = the local GPU; cpu = Triton interpreter (pipeline tests)")
+                   help="GPU to tune for; auto = the local GPU; cpu = the host: the Triton twin under its "
+                        "interpreter (pipeline tests; the CUDA twin is skipped)")
     p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
     p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
                    "more via AUTOTUNE_BACKENDS=name=module)")
@@ -72,10 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated of fp32,fp16,bf16 (default: fp32, the trainer's, for --workload; "
                         "else fp16)")
     p.add_argument("--workload", choices=["mnist-mlp"],
-                   help="shapes of the trainer's calls (the default, mnist-mlp; ignored with --shapes)")
-    p.add_argument("--hidden", type=int, help="mnist-mlp hidden width (default 1024)")
-    p.add_argument("--layers", type=int, help="mnist-mlp hidden layers (default 2)")
-    p.add_argument("--batch-size", type=int, help="mnist-mlp batch size (default 128)")
+                   help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; ignored with --shapes)")
+    p.add_argument("--hidden", type=int, help=f"mnist-mlp hidden width (default {SEARCH_ONLY['hidden']})")
+    p.add_argument("--layers", type=int, help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']})")
+    p.add_argument("--batch-size", type=int, help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
                    "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
     p.add_argument("--trials", type=int, help=f"measured trials per study (default {DEFAULT_TRIALS}); "
@@ -83,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=_seconds, default=180.0,
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
                    "killed and the trial recorded as timeout (default 180)")
-    p.add_argument("--sampler", choices=SAMPLERS, help="default tpe")
+    p.add_argument("--sampler", choices=SAMPLERS, help=f"default {SEARCH_ONLY['sampler']}")
     p.add_argument("--storage", help="Optuna RDB URL (default: experiments/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
     p.add_argument("--seed", type=int, default=0,
