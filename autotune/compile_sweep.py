@@ -22,7 +22,7 @@ from autotune.plan import Plan
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance
 from autotune.studies import view_space
 from autotune.trials_csv import TrialsCsv, columns
-from autotune.worker_pool import WorkerProcess, worker_env
+from autotune.worker_pool import WorkerProcess, WorkerStartError, worker_env
 from kernels_core.contract import DTYPES
 
 DEFAULT_CAP = 256
@@ -97,17 +97,23 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
                     "trial": index, "study": name, "sampler": "compile-only"})
         bar.update(1)
 
-    def drain(index: int) -> None:
-        worker = WorkerProcess(f"compile-{index}", worker_env(None, interpret=False),
-                               args.out / "logs" / target.name / f"compile-{index}.log")
+    n = args.workers or max(1, min(8, os.cpu_count() or 1))
+    workers = [WorkerProcess(f"compile-{i}", worker_env(None, interpret=False),
+                             args.out / "logs" / target.name / f"compile-{i}.log") for i in range(n)]
+    stop = threading.Event()
+    failed: list[WorkerStartError] = []
+
+    def drain(worker: WorkerProcess) -> None:
         try:
-            while True:
+            while not stop.is_set():
                 try:
                     name, backend, op, dtype, batch = work.get_nowait()
                 except queue.Empty:
                     return
                 answer = worker.request({"cmd": "compile", "backend": backend, "op": op, "dtype": dtype,
                                          "configs": [c for _, c in batch], "arch": target.arch}, args.timeout)
+                if stop.is_set():  # its worker was killed: not an outcome of the batch
+                    return
                 if answer.get("ok"):
                     for (i, config), report in zip(batch, answer["reports"]):
                         record(name, backend, op, dtype, i, config, report)
@@ -116,19 +122,37 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
                         work.put((name, backend, op, dtype, [item]))
                 else:
                     record(name, backend, op, dtype, batch[0][0], batch[0][1], answer)
+        except WorkerStartError as exc:
+            if not stop.is_set():  # killed while starting is no failure of its own
+                failed.append(exc)
+                stop.set()
         finally:
             worker.close()
 
-    n = args.workers or max(1, min(8, os.cpu_count() or 1))
-    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.5)
+    threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in workers]
+    interrupted = False
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        interrupted = True
+        stop.set()
+        for worker in workers:
+            worker.interrupt()  # unblocks its thread, which records nothing more
+        for t in threads:
+            if t.is_alive():
+                t.join(30)
     bar.close()
     csv.close()
+    if failed:
+        raise failed[0]
     _summary(csv.path, studies, notes)
+    if interrupted:
+        print("interrupted: configs in flight were dropped; re-run the same command to resume.")
+        return 130
     return 0
 
 

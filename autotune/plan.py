@@ -7,7 +7,7 @@ from types import ModuleType
 
 from kernels_core import backends
 from autotune.targets import Target, resolve_target
-from autotune.workload import Call, calls_for_shapes, mnist_mlp_calls, parse_shapes
+from autotune.workload import OP_RANK, Call, calls_for_shapes, mnist_mlp_calls, parse_shapes
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
 
@@ -52,13 +52,22 @@ def split_list(text: str, allowed, what: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+# The twin that launches through CuPy: nothing of it runs on the cpu target (the host, with the
+# Triton interpreter), though nvcc compiles it there.
+NEEDS_GPU = {"cuda": "the raw-CUDA twin runs on an NVIDIA GPU only"}
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     target = resolve_target(args.target, compile_only=args.compile_only)
     ops = split_list(args.ops, OPS, "ops")
     # The workload's default is the trainer's default dtype, so a plain run tunes what it trains.
     dtypes = split_list(args.dtypes or ("fp16" if args.shapes else "fp32"), tuple(DTYPES), "dtypes")
     names = split_list(args.backends, tuple(backends.registry()), "backends")
-    plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes)
+    skipped = []
+    if target.name == "cpu" and not args.compile_only:
+        skipped = [f"{name}: {NEEDS_GPU[name]}; --target cpu times on the host" for name in names if name in NEEDS_GPU]
+        names = [name for name in names if name not in NEEDS_GPU]
+    plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes, skipped=skipped)
     shapes = parse_shapes(args.shapes) if args.shapes else None
     ops_with_calls: set[str] = set()
     for dtype in dtypes:
@@ -81,6 +90,14 @@ def build_plan(args: argparse.Namespace) -> Plan:
                     continue
                 plan.jobs.append(Job(name, call, space))
     for op in ops:
-        if op not in ops_with_calls:
-            plan.skipped.append(f"{op}: no call in the workload / no shape of its rank in --shapes")
+        rank = OP_RANK[op]
+        if op in ops_with_calls:
+            continue
+        if shapes is not None:
+            plan.skipped.append(f"{op}: --shapes has no shape of {rank} dimension{'s' * (rank > 1)} ({op}'s rank)")
+        else:  # the workload is the trainer's calls, and its MLP fuses the bias add and the ReLU into matmul
+            plan.skipped.append(
+                f"{op}: the {args.workload} workload has no {op} call (the trainer runs its bias add and ReLU "
+                f"fused in matmul's epilogue); to tune {op} on the MLP's activations, give their shape: "
+                f"--shapes {args.batch_size}x{args.hidden}")
     return plan

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import math
 import sys
 import threading
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
 from tqdm import tqdm
 
 from autotune import compile_sweep, studies
@@ -40,34 +43,49 @@ from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
 
 DEFAULT_TRIALS = 50
+DEFAULT_STORAGE = f"sqlite:///{REPO / 'experiments' / 'tuning.db'}"
+# Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
+# and it keeps no Optuna study), with the default each takes otherwise.
+SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": 1024, "layers": 2, "batch_size": 128, "shapes": None,
+               "sampler": "tpe", "storage": DEFAULT_STORAGE}
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
+    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m autotune.search", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS],
-                   help="GPU to tune for; auto = the local GPU; cpu = Triton interpreter (pipeline tests)")
+                   help="GPU to tune for; auto = the local GPU; cpu = the host: the Triton twin under its "
+                        "interpreter (pipeline tests; the CUDA twin is skipped)")
     p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
     p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
                    "more via AUTOTUNE_BACKENDS=name=module)")
     p.add_argument("--dtypes", default=None,
                    help="comma-separated of fp32,fp16,bf16 (default: fp32, the trainer's, for --workload; "
                         "else fp16)")
-    p.add_argument("--workload", default="mnist-mlp", choices=["mnist-mlp"],
-                   help="shapes of the trainer's calls (ignored with --shapes)")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workload", choices=["mnist-mlp"],
+                   help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; ignored with --shapes)")
+    p.add_argument("--hidden", type=int, help=f"mnist-mlp hidden width (default {SEARCH_ONLY['hidden']})")
+    p.add_argument("--layers", type=int, help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']})")
+    p.add_argument("--batch-size", type=int, help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
                    "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
     p.add_argument("--trials", type=int, help=f"measured trials per study (default {DEFAULT_TRIALS}); "
                    "with --compile-only, the most configs compiled per op (default 256)")
-    p.add_argument("--timeout", type=float, default=180.0,
+    p.add_argument("--timeout", type=_seconds, default=180.0,
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
                    "killed and the trial recorded as timeout (default 180)")
-    p.add_argument("--sampler", default="tpe", choices=SAMPLERS)
-    p.add_argument("--storage", default=f"sqlite:///{REPO / 'experiments' / 'tuning.db'}",
-                   help="Optuna RDB URL (default: experiments/tuning.db)")
+    p.add_argument("--sampler", choices=SAMPLERS, help=f"default {SEARCH_ONLY['sampler']}")
+    p.add_argument("--storage", help="Optuna RDB URL (default: experiments/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
@@ -75,16 +93,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
                    "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
     p.add_argument("--compile-only", action="store_true",
-                   help="compile every (sampled) config for --target and record registers, smem, spills; no GPU")
+                   help="compile every (sampled) config for --target and record registers, smem, spills; no GPU, "
+                        "no study, no shapes")
     p.add_argument("--out", type=Path, default=REPO / "experiments", help="results go to OUT/<target>/")
     args = p.parse_args(argv)
     if args.trials is not None and args.trials < 1:
         p.error("--trials must be >= 1")
     if args.workers is not None and args.workers < 1:
         p.error("--workers must be >= 1")
-    if args.timeout <= 0:
-        p.error("--timeout must be > 0")
+    given = [f"--{name.replace('_', '-')}" for name in SEARCH_ONLY if getattr(args, name) is not None]
+    if args.compile_only and given:
+        p.error(f"{', '.join(given)}: not used by --compile-only, which compiles each config once for the "
+                f"target, whatever the shape, and keeps no Optuna study; drop {'it' if len(given) == 1 else 'them'}")
+    for name, default in SEARCH_ONLY.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     return args
+
+
+# What a storage that is unreachable, corrupt or not a database raises while the search runs.
+STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)
+
+
+def shown_url(url: str) -> str:
+    """The storage URL with its password hidden, for messages and the summary."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # not a URL: nothing to hide
+        return url
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """The Optuna storage at `url`, or a SearchError that says what is wrong with --storage."""
+    try:
+        return studies.open_storage(url)
+    except (*STORAGE_ERRORS, ImportError, RuntimeError, OSError, ValueError) as exc:
+        # ImportError: no driver for the URL; RuntimeError: a schema of another Optuna version
+        raise SearchError(f"--storage {shown_url(url)}: cannot open it: {storage_problem(exc)}") from None
+
+
+def storage_problem(exc: BaseException) -> str:
+    """What went wrong, in one line: SQLAlchemy adds the SQL and a link on further lines, and
+    Optuna's wrappers keep what failed in their cause."""
+    cause = exc.__cause__
+    if isinstance(exc, optuna.exceptions.StorageInternalError) and cause is not None:
+        return storage_problem(cause)
+    first = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    return f"{first} ({cause})" if isinstance(exc, ImportError) and cause is not None else first
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that is, or lies under, something other than a directory."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise SearchError(f"--out {out}: {path} is a file, not a directory")
+            return
 
 
 def _fmt_config(config: dict | None) -> str:
@@ -100,7 +164,7 @@ class Search:
         self.best_path = self.out_dir / "best.json"
         if self.best_path.exists():
             load_store(self.best_path, self.target)  # refuse to build on a broken file
-        self.storage = studies.open_storage(args.storage)
+        self.storage = open_storage(args.storage)
         self.lock = threading.Lock()
         self.heartbeat = studies.Heartbeat(self.storage)
         self.pool = Evaluator(self.target.name, args.workers, args.timeout, args.out / "logs" / self.target.name)
@@ -317,20 +381,31 @@ class Search:
             print(f"skipped {line}")
         if interrupted:
             print("interrupted: trials in flight were dropped; re-run the same command to resume.")
-        print(f"trials: {self.csv.path}\nbest:   {self.best_path}\nstudies: {self.args.storage}")
+        print(f"trials: {self.csv.path}\nbest:   {self.best_path}\nstudies: {shown_url(self.args.storage)}")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        check_out(args.out)
         plan = build_plan(args)
         if args.compile_only:
             return compile_sweep.run(plan, args)
         if not plan.jobs:
             raise SearchError("nothing to tune: " + ("; ".join(plan.skipped) or "no jobs"))
         return Search(plan, args).run()
+    except KeyboardInterrupt:  # before the studies run (they stop on their own, with a summary)
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
     except (TargetError, BackendError, StoreError, SearchError, WorkerStartError, ValueError) as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
+        return 2
+    except STORAGE_ERRORS as exc:  # the storage failed while the search ran
+        print(f"autotune: error: --storage {shown_url(args.storage)}: {storage_problem(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
 
 

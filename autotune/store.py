@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from kernels_core import backends
 from autotune.targets import TARGETS, Target
@@ -107,6 +108,8 @@ def load_store(path, target: str | Target, *,
         raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise StoreError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise StoreError(f"{path}: not a config store: its JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise StoreError(f"{path}: expected a JSON object with keys {sorted(TOP_KEYS)}")
     unknown = set(data) - TOP_KEYS
@@ -186,18 +189,26 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
     return f"config {config}: {problem}" if problem else None
 
 
+@contextmanager
+def temp_beside(path: Path) -> Iterator[tuple]:
+    """(binary file, its path): a new file next to `path`, for the caller to fill and rename
+    over it. Created with the umask's permissions, as `path` itself would be (mkstemp's are
+    0600); removed if the caller did not move it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_store(path, store: ConfigStore) -> None:
     """Write atomically: readers see the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(store.to_json(), f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+    with temp_beside(path) as (f, tmp):
+        f.write((json.dumps(store.to_json(), indent=1, sort_keys=True) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -22,6 +22,7 @@ import torch
 from autotune.store import load_store
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # every test here runs the tuner in subprocesses
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +37,8 @@ def env(**extra) -> dict:
 
 
 def cli(tmp_path: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "autotune.search", "--out", str(tmp_path / "out"),
-            "--storage", f"sqlite:///{tmp_path / 'tuning.db'}", *args]
+    storage = [] if "--compile-only" in args else ["--storage", f"sqlite:///{tmp_path / 'tuning.db'}"]  # it keeps no study
+    return [sys.executable, "-m", "autotune.search", "--out", str(tmp_path / "out"), *storage, *args]
 
 
 def search(tmp_path: Path, *args: str, timeout: float = 180, **extra) -> subprocess.CompletedProcess:
