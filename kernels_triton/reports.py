@@ -60,7 +60,8 @@ def _sample_plan(op: str, dtype: str, config) -> rt.Plan:
                                  lr=0.1, momentum=0.9, weight_decay=1e-4, config=config)[0]
 
 
-_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64"}
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+                 torch.int64: "i64"}
 
 
 def _ast_source(plan: rt.Plan) -> ASTSource:

@@ -147,7 +147,7 @@ def test_two_machines_share_a_study_through_one_storage(tmp_path):
     measured = counted(rows)
     assert len(measured) == 8 and not rows.duplicated(["trial"]).any()
     fresh = measured[measured["reused_from"].isna()]
-    assert not fresh.duplicated(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"]).any()
+    assert not fresh.duplicated(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K"]).any()
     assert (measured["status"] == "ok").all(), measured[["status", "error"]]
 
 

@@ -39,10 +39,32 @@ def _cases():
     return cases
 
 
-CASES = _cases()
+# Split-K and small-tile matmuls the interpreter cannot vouch for: the
+# arrival counter's atomic, the ".cg" reads of the partials, 16-wide dots on
+# two warps. Each with the tensor-core instructions its dot must lower to on
+# that arch: none for fp32, which stays on the FMA units ("ieee", no TF32).
+_TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K")
+SPLITK_CASES = [
+    (dtype, arch, dict(zip(_TILE, tile), GROUP_M=1), instruction)
+    for dtype, arch, tile, instruction in [
+        ("fp32", 90, (64, 64, 32, 4, 4, 16), []),
+        ("fp32", 90, (16, 16, 32, 2, 3, 8), []),
+        ("fp32", 90, (128, 16, 64, 4, 4, 16), []),
+        ("fp32", 80, (32, 32, 32, 2, 4, 8), []),
+        ("fp16", 90, (64, 64, 64, 4, 4, 4), ["wgmma"]),  # a warpgroup per 64 rows
+        ("fp16", 90, (128, 32, 64, 8, 3, 2), ["wgmma"]),
+        ("bf16", 90, (64, 32, 64, 4, 3, 16), ["wgmma"]),
+        ("fp16", 90, (16, 16, 64, 2, 4, 16), ["mma.sync"]),  # under 64 rows or 4 warps: Ampere's mma
+        ("bf16", 90, (32, 32, 64, 2, 4, 8), ["mma.sync"]),
+        ("fp16", 90, (16, 128, 64, 4, 4, 2), ["mma.sync"]),
+        ("fp16", 80, (16, 16, 32, 2, 3, 16), ["mma.sync"]),
+        ("bf16", 80, (64, 64, 64, 4, 4, 8), ["mma.sync"]),
+    ]
+]
+CASES = _cases() + [("matmul", dtype, arch, f"splitk{i}", cfg) for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
 
-# Runs in the helper process: one report (or error) per case, plus whether the
-# 16-bit matmul defaults use Hopper's wgmma tensor-core instructions.
+# Runs in the helper process: one report (or error) per case, plus which
+# tensor-core instructions the 16-bit matmul defaults and SPLITK_CASES use.
 _SCRIPT = r"""
 import json, sys
 import triton
@@ -50,18 +72,21 @@ from triton.backends.compiler import GPUTarget
 import kernels_triton as kt
 from kernels_triton import reports
 
+cases, splitk = json.load(sys.stdin)
 results = {}
-for op, dtype, arch, label, cfg in json.load(sys.stdin):
+for op, dtype, arch, label, cfg in cases:
     key = f"{op}-{dtype}-sm{arch}-{label}"
     try:
         results[key] = {"report": kt.compile_report(op, dtype, cfg, arch)}
     except Exception as e:
         results[key] = {"error": f"{type(e).__name__}: {e}"}
-for dtype in ("fp16", "bf16"):
-    plan = reports._sample_plan("matmul", dtype, None)
-    compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", 90, 32),
+for dtype, arch, cfg, label in [("fp16", 90, None, "wgmma-fp16"), ("bf16", 90, None, "wgmma-bf16")] + splitk:
+    elt = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
+    plan = reports._sample_plan("matmul", dtype, kt.space("matmul", dtype).resolve(cfg, elt, arch))
+    compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
-    results[f"wgmma-{dtype}"] = "wgmma" in compiled.asm["ptx"]
+    ptx = compiled.asm["ptx"]
+    results[label] = [name for name in ("wgmma", "mma.sync") if name in ptx]
 print(json.dumps(results))
 """
 
@@ -69,7 +94,8 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def reports():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(CASES), capture_output=True,
+    splitk = [(dtype, arch, cfg, f"instructions-splitk{i}") for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([CASES, splitk]), capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -93,13 +119,20 @@ def test_compiles(reports, op, dtype, arch, label, config):
     if sp.cost(cfg, elt, arch)["smem_bytes"] > SMEM_LIMIT[arch]:
         return  # compiles, but cannot run here (the Hopper matmul default on sm_75): nothing more to hold it to
     assert report["smem_bytes"] <= SMEM_LIMIT[arch], "fits by the space's estimate but not in fact"
-    if label == "default":
-        assert report["spill_bytes"] == 0, f"default config spills {report['spill_bytes']} bytes"
+    if label == "default" or label.startswith("splitk"):
+        assert report["spill_bytes"] == 0, f"{label} config spills {report['spill_bytes']} bytes"
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_matmul_default_uses_wgmma_on_hopper(reports, dtype):
-    assert reports[f"wgmma-{dtype}"], "the 16-bit matmul default must run on Hopper's wgmma tensor cores"
+    assert "wgmma" in reports[f"wgmma-{dtype}"], "the 16-bit matmul default must run on Hopper's wgmma tensor cores"
+
+
+@pytest.mark.parametrize("i", range(len(SPLITK_CASES)),
+                         ids=[f"{c[0]}-sm{c[1]}-{'x'.join(str(c[2][k]) for k in _TILE)}" for c in SPLITK_CASES])
+def test_splitk_dot_instructions(reports, i):
+    dtype, arch, cfg, instructions = SPLITK_CASES[i]
+    assert reports[f"instructions-splitk{i}"] == instructions, f"{dtype} {cfg} on sm_{arch}"
 
 
 def test_compile_report_rejects_bad_config():
