@@ -7,7 +7,7 @@ from types import ModuleType
 
 from kernels_core import backends
 from autotune.targets import Target, resolve_target
-from autotune.workload import OP_RANK, Call, calls_for_shapes, mnist_mlp_calls, parse_shapes
+from autotune.workload import OP_RANK, Call, calls_for_shapes, dedupe, mnist_mlp_calls, parse_shapes
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
 
@@ -74,7 +74,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
         if shapes is not None:
             calls = calls_for_shapes(ops, dtype, shapes)
         else:
-            calls = [c for c in mnist_mlp_calls(args.hidden, args.layers, args.batch_size, dtype) if c.op in ops]
+            calls = dedupe([c for hidden in args.hidden for c in mnist_mlp_calls(hidden, args.layers, args.batch_size, dtype)
+                             if c.op in ops])
         ops_with_calls |= {c.op for c in calls}
         for call in calls:
             for name, module in plan.modules.items():
@@ -99,5 +100,5 @@ def build_plan(args: argparse.Namespace) -> Plan:
             plan.skipped.append(
                 f"{op}: the {args.workload} workload has no {op} call (the trainer runs its bias add and ReLU "
                 f"fused in matmul's epilogue); to tune {op} on the MLP's activations, give their shape: "
-                f"--shapes {args.batch_size}x{args.hidden}")
+                f"--shapes {args.batch_size}x{args.hidden[0]}")
     return plan

@@ -46,7 +46,7 @@ DEFAULT_TRIALS = 50
 DEFAULT_STORAGE = f"sqlite:///{REPO / 'experiments' / 'tuning.db'}"
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
-SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": 1024, "layers": 2, "batch_size": 128, "shapes": None,
+SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
                "sampler": "tpe", "storage": DEFAULT_STORAGE}
 
 
@@ -58,6 +58,16 @@ def _seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
     return value
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of widths >= 1, like 128,1024,4096")
+    return widths
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,7 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "else fp16)")
     p.add_argument("--workload", choices=["mnist-mlp"],
                    help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; ignored with --shapes)")
-    p.add_argument("--hidden", type=int, help=f"mnist-mlp hidden width (default {SEARCH_ONLY['hidden']})")
+    p.add_argument("--hidden", type=_widths, help="mnist-mlp hidden width, or a comma list of widths tuned in one "
+                   f"run (default {SEARCH_ONLY['hidden'][0]})")
     p.add_argument("--layers", type=int, help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']})")
     p.add_argument("--batch-size", type=int, help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "

@@ -75,10 +75,10 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str) -> list[Ca
         Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
         Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),)),
     ]
-    return _dedupe(calls)
+    return dedupe(calls)
 
 
-def _dedupe(calls: list[Call]) -> list[Call]:
+def dedupe(calls: list[Call]) -> list[Call]:
     seen: dict[tuple[str, str], Call] = {}
     for call in calls:
         seen.setdefault((call.op, call.key), call)
@@ -107,7 +107,7 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
 
 def calls_for_shapes(ops, dtype: str, shapes) -> list[Call]:
     """Each op gets the given shapes of its rank (3 dims: matmul, 2: row ops, 1: sgd)."""
-    return _dedupe([Call(op, dtype, shape, layout) for op in ops for shape, layout in shapes
+    return dedupe([Call(op, dtype, shape, layout) for op in ops for shape, layout in shapes
                     if OP_RANK[op] == len(shape)])
 
 

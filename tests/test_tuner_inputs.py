@@ -287,7 +287,7 @@ def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
 
 def test_defaults_stay_what_the_help_says():
     args = search.parse_args([])
-    assert (args.hidden, args.layers, args.batch_size, args.sampler) == (1024, 2, 128, "tpe")
+    assert (args.hidden, args.layers, args.batch_size, args.sampler) == ((1024,), 2, 128, "tpe")
     assert args.storage.startswith("sqlite:///") and args.storage.endswith("experiments/tuning.db")
 
 
@@ -363,3 +363,16 @@ def test_ctrl_c_in_compile_only_stops_cleanly_and_the_next_run_resumes(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = read(tmp_path / "out" / "sm_75" / "trials.csv")
     assert len(rows) == 36 and not rows.duplicated(["study", "trial"]).any()
+
+
+def test_one_run_tunes_the_calls_of_several_widths_once_each():
+    from autotune.workload import mnist_mlp_calls
+
+    plan = build_plan(search.parse_args(["--target", "cpu", "--backends", "fake", "--ops", "matmul",
+                                         "--hidden", "96,160,96", "--batch-size", "40"]))
+    want = {c.key for h in (96, 160) for c in mnist_mlp_calls(h, 2, 40, "fp32") if c.op == "matmul"}
+    keys = [job.call.key for job in plan.jobs]
+    assert sorted(keys) == sorted(want) and "40x10x160:nn" in keys and "40x96x784:nn" in keys
+    for bad in ("0,128", "128,x", ""):
+        with pytest.raises(SystemExit):
+            search.parse_args(["--hidden", bad])
