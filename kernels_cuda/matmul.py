@@ -2,6 +2,7 @@
 (matmul_tc.cu); the search spaces of both kernels live here as data."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -9,69 +10,97 @@ import torch
 from kernels_core import contract
 from kernels_core.contract import dtype_name, matmul_args, matrix_layout, output
 from kernels_core.space import Space
+from kernels_core.workspace import splitk_workspace
 
 from . import _runtime as rt
 
-# Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread; the thread
-# count follows from the tile sizes, so num_warps must match them. The
-# register-staged copies hold BLOCK_K * (BLOCK_M + BLOCK_N) / threads floats
-# per thread; capping that at 32 keeps big-tile configs from spilling.
+# Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
+# outputs of few tiles. Its configs fix what matters least there, to keep each
+# space under 1000 configs and dense enough that about 1 in 7 of the tuner's
+# tunable-by-tunable suggestions is valid: GROUP_M = 8 (a grid of few tiles
+# runs at once, the order of its blocks hardly matters), on the SIMT kernel
+# num_stages = 2 (the prefetching loop), on the tensor-core kernel tiles up
+# to 128 x 128 (an output that needs split-K is cut into smaller tiles first).
+#
+# No VEC tunable: operands are read 16 bytes per access, and the host lowers
+# the width by itself where a pointer or leading dimension is not aligned to
+# it; a narrower width than alignment allows only adds instructions.
+VEC_BYTES = 16
+
+# Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread, so the block
+# has BLOCK_M * BLOCK_N / (THREAD_M * THREAD_N) threads (whole warps, at most
+# 8). The register-staged copies hold BLOCK_K * (BLOCK_M + BLOCK_N) / threads
+# floats per thread; capping that at 32 keeps big-tile configs from spilling.
+SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
 SIMT_SPACE = Space(
     params={
-        "BLOCK_M": (32, 64, 128, 256),
-        "BLOCK_N": (32, 64, 128, 256),
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
         "BLOCK_K": (8, 16, 32),
         "THREAD_M": (4, 8),
         "THREAD_N": (4, 8),
-        "num_warps": (2, 4, 8),
         "num_stages": (1, 2),
         "GROUP_M": (1, 8),
-        "VEC": (1, 2, 4),
+        "SPLIT_K": (1, 2, 4, 8, 16),
     },
     default={
         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "THREAD_M": 8, "THREAD_N": 8,
-        "num_warps": 8, "num_stages": 2, "GROUP_M": 8, "VEC": 4,
+        "num_stages": 2, "GROUP_M": 8, "SPLIT_K": 1,
     },
     restrictions=(
-        "BLOCK_M * BLOCK_N == 32 * num_warps * THREAD_M * THREAD_N",
-        "BLOCK_K * (BLOCK_M + BLOCK_N) <= 32 * 32 * num_warps",
+        f"{SIMT_THREADS} % 32 == 0 and {SIMT_THREADS} <= 256  # whole warps, at most 8",
+        f"BLOCK_K * (BLOCK_M + BLOCK_N) <= 32 * {SIMT_THREADS}  # at most 32 staged floats per thread",
+        "SPLIT_K == 1 or (num_stages == 2 and GROUP_M == 8)  # split-K configs fix these (see above)",
         "elt == 4",
     ),
-    threads="32 * num_warps",
+    threads=SIMT_THREADS,
     smem_bytes="num_stages * BLOCK_K * (BLOCK_M + BLOCK_N + 8) * 4",
-    notes="fp32 SIMT; VEC = floats per global load (lowered by the host for misaligned operands)",
+    notes="fp32 SIMT; 16-byte loads, lowered by the host for misaligned operands; SPLIT_K > 1 sums slices in fp32",
 )
 
-# Tensor-core GEMM (mma.sync m16n8k16). Warp tiles from 32 x 32 to 64 x 64:
-# smaller ones are bound by shared-memory reads, larger ones spill. sm_75 has
-# no cp.async, so it double-buffers through registers: exactly 2 stages, and
-# 64 x 32 warp tiles by default, since the staging registers make 64 x 64 spill.
+# Tensor-core GEMM (mma.sync m16n8k16). num_warps warps cut the block tile
+# into warp tiles (warp_grid), from 32 x 32 to 64 x 64: smaller ones are bound
+# by shared-memory reads, larger ones spill, and so do 64 x 64 ones in blocks
+# of 1 or 2 warps, whose threads each issue 2-4x the copies of a 4-warp
+# block's (ptxas at sm_90: 300-840 bytes). A one-warp block may be as small
+# as 16 x 16 (the logits' N = 10, batches of 16-32 rows: latency rather than
+# throughput). The warp grid is derived, not tuned: for a given warp count
+# the squarest warp tile reads the least shared memory per mma, and the
+# restriction on the tile's aspect is what makes an at most 2:1 warp tile
+# exist. sm_75 has no cp.async, so it double-buffers through registers:
+# exactly 2 stages, and the accumulators (BLOCK_M * BLOCK_N / 32 floats per
+# warp) plus the staged copies ((BLOCK_M + BLOCK_N) * BLOCK_K / 64 registers
+# per warp) must stay within 88 registers per thread: ptxas over the whole
+# sm_75 space without that rule spilled in 131 of 316 configs, in 2 of the
+# 156 it keeps (8 bytes each). Hence 8 warps by default there: 64 x 64 warp
+# tiles spill.
 # The smem expression is the larger of the two shared layouts (k-contiguous
 # or not) of each operand: the tuner prunes by it and the launch asks for it,
 # whatever the call's layout (the kernel carves its ring from the front).
 TC_SPACE = Space(
     params={
-        "BLOCK_M": (64, 128, 256),
-        "BLOCK_N": (64, 128, 256),
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
         "BLOCK_K": (32, 64),
-        "WARPS_M": (1, 2, 4),
-        "WARPS_N": (1, 2, 4),
-        "num_warps": (4, 8),
+        "num_warps": (1, 2, 4, 8),
         "num_stages": (2, 3, 4),
         "GROUP_M": (1, 8),
-        "VEC": (4, 8),
+        "SPLIT_K": (1, 2, 4, 8, 16),
     },
     # Best of a 76-config sweep at 4096^3 fp16 on an H200 (266 TFLOP/s).
     default={
-        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2, "WARPS_N": 2,
-        "num_warps": 4, "num_stages": 4, "GROUP_M": 8, "VEC": 8,
+        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4, "GROUP_M": 8,
+        "SPLIT_K": 1,
     },
-    defaults_below={80: {"num_stages": 2, "WARPS_M": 2, "WARPS_N": 4, "num_warps": 8}},
+    defaults_below={80: {"num_stages": 2, "num_warps": 8}},
     restrictions=(
-        "WARPS_M * WARPS_N == num_warps",
-        "BLOCK_M % (16 * WARPS_M) == 0 and BLOCK_N % (16 * WARPS_N) == 0",
-        "32 * 32 <= (BLOCK_M // WARPS_M) * (BLOCK_N // WARPS_N) <= 64 * 64",
+        "BLOCK_M * BLOCK_N <= (64 if num_warps >= 4 else 32) * 64 * num_warps  # larger warp tiles spill",
+        "BLOCK_M * BLOCK_N >= 32 * 32 * num_warps or num_warps == 1  # smaller warp tiles starve on shared memory",
+        "BLOCK_M <= 2 * num_warps * BLOCK_N and BLOCK_N <= 2 * num_warps * BLOCK_M  # warp tiles at most 2:1",
         "arch >= 80 or num_stages == 2",
+        "arch >= 80 or 2 * BLOCK_M * BLOCK_N + (BLOCK_M + BLOCK_N) * BLOCK_K <= 64 * 88 * num_warps"
+        "  # sm_75: accumulators + staged copies",
+        "SPLIT_K == 1 or (GROUP_M == 8 and BLOCK_M <= 128 and BLOCK_N <= 128)  # split-K configs (see above)",
         "elt == 2",
     ),
     threads="32 * num_warps",
@@ -79,7 +108,7 @@ TC_SPACE = Space(
         "num_stages * (max(BLOCK_M * (BLOCK_K + 8), BLOCK_K * (BLOCK_M + 8))"
         " + max(BLOCK_N * (BLOCK_K + 8), BLOCK_K * (BLOCK_N + 8))) * elt"
     ),
-    notes="fp16/bf16 mma.sync; VEC = halves per global copy (8 = 16 bytes), lowered for misaligned operands",
+    notes="fp16/bf16 mma.sync; 16-byte cp.async, lowered by the host for misaligned operands; SPLIT_K > 1 sums slices in fp32",
 )
 # bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
 TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
@@ -91,31 +120,54 @@ def space_for(dtype: str) -> Space:
     return _SPACES[dtype]
 
 
+def warp_grid(cfg) -> tuple[int, int]:
+    """(WARPS_M, WARPS_N) of a tensor-core config: the grid of num_warps warps whose
+    warp tiles are squarest, more warps along N on a tie (a taller warp tile)."""
+    return _warp_grid(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"])
+
+
+@functools.lru_cache(maxsize=None)
+def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
+    grids = [(warps // wn, wn) for wn in (1, 2, 4, 8) if wn <= warps]
+    return min(grids, key=lambda g: (max(bm // g[0], bn // g[1]) / min(bm // g[0], bn // g[1]), g[0]))
+
+
 def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu) -> rt.Variant:
     return rt.Variant("matmul_simt.cu", "matmul_simt_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["THREAD_M"], cfg["THREAD_N"], va, vb,
-        cfg["num_stages"], cfg["GROUP_M"], int(a_kc), int(b_kc), int(has_bias), int(relu)))
+        cfg["num_stages"], cfg["GROUP_M"], cfg["SPLIT_K"], int(a_kc), int(b_kc), int(has_bias), int(relu)))
 
 
 def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16) -> rt.Variant:
+    warps_m, warps_n = warp_grid(cfg)
     return rt.Variant("matmul_tc.cu", "matmul_tc_kernel", (
-        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["WARPS_M"], cfg["WARPS_N"], cfg["num_stages"],
-        va, vb, cfg["GROUP_M"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], warps_m, warps_n, cfg["num_stages"],
+        va, vb, cfg["GROUP_M"], cfg["SPLIT_K"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
         int(acc16), int(arch >= 80)))
 
 
-def smem_bytes(dtype: str, cfg, arch: int) -> int:
-    """Dynamic shared memory of a launch: the space's own cost expression."""
-    return _SPACES[dtype].cost(cfg, contract.DTYPES[dtype].itemsize, arch)["smem_bytes"]
+def splitk_slices(K: int, cfg) -> tuple[int, int]:
+    """(k_slice, slices): K is cut into SPLIT_K slices of ceil(K / (SPLIT_K * BLOCK_K)) * BLOCK_K
+    elements (the contract's), of which the first `slices` hold any; only those are launched,
+    so a K of a few BLOCK_K neither runs nor stores the empty ones."""
+    k_slice = rt.cdiv(K, cfg["SPLIT_K"] * cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    return k_slice, rt.cdiv(K, k_slice)
+
+
+def launch_cost(dtype: str, cfg, arch: int) -> tuple[int, int]:
+    """(threads per block, dynamic shared memory) of a launch: the space's own cost expressions."""
+    cost = _SPACES[dtype].cost(cfg, contract.DTYPES[dtype].itemsize, arch)
+    return cost["threads"], cost["smem_bytes"]
 
 
 def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
-    """What compile reports measure: row-major A and B, no epilogue extras."""
+    """What compile reports measure: row-major A and B, 16-byte loads, no epilogue extras."""
+    vec = VEC_BYTES // contract.DTYPES[dtype].itemsize
     if dtype == "fp32":
-        variant = simt_variant(cfg, True, False, cfg["VEC"], cfg["VEC"], False, False)
+        variant = simt_variant(cfg, True, False, vec, vec, False, False)
     else:
-        variant = tc_variant(cfg, dtype, arch, True, False, cfg["VEC"], cfg["VEC"], False, False, False)
-    return variant, smem_bytes(dtype, cfg, arch)
+        variant = tc_variant(cfg, dtype, arch, True, False, vec, vec, False, False, False)
+    return variant, launch_cost(dtype, cfg, arch)[1]
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
@@ -146,20 +198,27 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     if bias is not None:
         bias = bias.contiguous()
     elt = a.element_size()
-    va = rt.pick_vec(cfg["VEC"], elt, (a_t,), (lda,))
-    vb = rt.pick_vec(cfg["VEC"], elt, (b_t,), (ldb,))
+    va = rt.pick_vec(VEC_BYTES // elt, elt, (a_t,), (lda,))
+    vb = rt.pick_vec(VEC_BYTES // elt, elt, (b_t,), (ldb,))
     relu = activation == "relu"
     if dtype == "fp32":
         variant = simt_variant(cfg, a_kc, b_kc, va, vb, bias is not None, relu)
     else:
         variant = tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
-    smem = smem_bytes(dtype, cfg, arch)
-    blocks = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
+    threads, smem = launch_cost(dtype, cfg, arch)
+    tiles = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
+    k_slice, slices = splitk_slices(K, cfg)
+    partials = counters = None  # SPLIT_K == 1 compiles no access to them
+    if cfg["SPLIT_K"] > 1:
+        # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread
+        # order); counters[tile] are zero between calls (the last arrival resets its own).
+        partials, counters = splitk_workspace(a.device, tiles * slices * cfg["BLOCK_M"] * cfg["BLOCK_N"], tiles)
     # The kernels store row-major with ld = N; a strided `out` view gets the result by one copy.
     c = out if out.is_contiguous() else torch.empty((M, N), dtype=a.dtype, device=a.device)
-    rt.launch(variant, dev, (blocks, 1, 1), (32 * cfg["num_warps"], 1, 1),
+    rt.launch(variant, dev, (tiles, slices, 1), (threads, 1, 1),
               (rt.ptr(a_t), rt.ptr(b_t), rt.ptr(bias), rt.ptr(c), rt.i32(M), rt.i32(N), rt.i32(K),
-               rt.i64(lda), rt.i64(ldb)), smem, for_=rt.tag("matmul", dtype, cfg))
+               rt.i64(lda), rt.i64(ldb), rt.ptr(partials), rt.ptr(counters), rt.i32(k_slice)),
+              smem, for_=rt.tag("matmul", dtype, cfg))
     if c is not out:
         out.copy_(c)
     return out

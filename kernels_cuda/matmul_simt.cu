@@ -28,6 +28,12 @@
 // tile's global loads are issued before the current tile's FMAs and stored
 // to the other shared buffer afterwards (one barrier per k step); with
 // STAGES == 1 a single buffer is reloaded between two barriers.
+//
+// SPLIT_K > 1 (outputs of few tiles, e.g. 128 x 10 with K = 1024): the grid
+// is tiles x slices (at most SPLIT_K), each block runs the same loop over its
+// K slice, and the last block of a tile to finish adds the fp32 partials in
+// slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
+// SPLIT_K == 1 compiles none of that: the same code as without the parameter.
 #include "common.cuh"
 
 // One operand tile: BK x BD of op(X) (BD = BM for A, BN for B), staged
@@ -90,11 +96,11 @@ struct SimtTile {
     }
 };
 
-template <int BM, int BN, int BK, int TM, int TN, int VA, int VB, int STAGES, int GROUP_M,
+template <int BM, int BN, int BK, int TM, int TN, int VA, int VB, int STAGES, int GROUP_M, int SPLIT_K,
           int A_KC, int B_KC, int HAS_BIAS, int RELU>
 __global__ void __launch_bounds__(BM * BN / (TM * TN))
 matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, int M, int N, int K,
-                   i64 lda, i64 ldb) {
+                   i64 lda, i64 ldb, float* partials, int* counters, int k_slice) {
     constexpr int T = BM * BN / (TM * TN);
     constexpr int RM = BM / TM, RN = BN / TN;  // threads along m and n
     typedef SimtTile<BM, BK, VA, T, A_KC> TileA;
@@ -108,6 +114,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
     const int m0 = pid_m * BM, n0 = pid_n * BN;
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
+    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC>(A, B, K, lda, ldb, k_slice);  // from here on: its slice
 
     float acc[TM][TN];
 #pragma unroll
@@ -176,6 +183,12 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     }
 
+    if constexpr (SPLIT_K > 1) {  // a thread's TM x TN sums are TM * TN / 4 float4s
+        auto at = [&](int f, int e) -> float& { return acc[f / (TN / 4)][(f % (TN / 4)) * 4 + e]; };
+        if (!splitk_reduce<SPLIT_K, TM * TN / 4, T>(partials, counters, [&](int f, int e) { return at(f, e); },
+                                                    [&](int f, int e, float x) { at(f, e) = x; })) return;
+    }
+
     // Epilogue: 4 consecutive columns per store when C's rows allow 16 bytes.
     const bool vec_ok = (N % 4 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0);
 #pragma unroll
@@ -207,6 +220,6 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
 #ifdef STANDALONE
 // The default configs (kernels_cuda/matmul.py: SIMT_SPACE, row-major A and B), instantiated for the build line at the top.
 void* const standalone_kernels[] = {
-    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 0, 0, 0>
+    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 1, 0, 0, 0>
 };
 #endif

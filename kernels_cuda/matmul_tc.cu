@@ -15,7 +15,9 @@
 // H200's ~990 TFLOP/s / 4.8 TB/s ~ 200 FLOP/byte only thanks to L2 reuse
 // between neighbouring blocks, hence the GROUP_M block order. Inside the
 // block a warp reads (WM + WN) * 16 * 2 bytes of shared memory per
-// 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32.
+// 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32 but
+// in one-warp blocks, whose tiles (down to 16 x 16) serve outputs too small
+// for anything but latency to matter.
 //
 // Data path, sm_80 and newer (SM80 = 1): global -> shared with cp.async in a
 // STAGES-deep ring (copies of tile k + STAGES - 1 fly while tile k is
@@ -36,6 +38,12 @@
 // (8 = 16 bytes); the host lowers them when pointer or leading dimension
 // alignment does not allow the configured width. ACC16 accumulates in fp16
 // registers (mma .f16 accumulators), for fp16 only.
+//
+// SPLIT_K > 1 (outputs of few tiles, e.g. 32 x 1024 with K = 8192): the grid
+// is tiles x slices (at most SPLIT_K), each block runs the same loop over its
+// K slice, and the last block of a tile to finish adds the fp32 partials in
+// slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
+// SPLIT_K == 1 compiles none of that: the same code as without the parameter.
 #include "common.cuh"
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -110,6 +118,13 @@ __device__ __forceinline__ float acc_get(const Acc<0>& c, int i) { return c.v[i]
 
 __device__ __forceinline__ float acc_get(const Acc<1>& c, int i) {
     return f16_to_f32((u16)(c.v[i / 2] >> (16 * (i % 2))));
+}
+
+__device__ __forceinline__ void acc_set(Acc<0>& c, int i, float x) { c.v[i] = x; }
+
+__device__ __forceinline__ void acc_set(Acc<1>& c, int i, float x) {
+    const int shift = 16 * (i % 2);
+    c.v[i / 2] = (c.v[i / 2] & ~(0xffffu << shift)) | ((u32)f32_to_f16(x) << shift);
 }
 
 // ------------------------------------------------------------ operand tiles
@@ -189,10 +204,11 @@ struct TcTile {
 
 // ---------------------------------------------------------------- the kernel
 
-template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int DT,
-          int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80>
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int SPLIT_K,
+          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
-matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb) {
+matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb,
+                 float* partials, int* counters, int k_slice) {
     static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
     static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
     static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
@@ -213,6 +229,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int m0 = pid_m * BM, n0 = pid_n * BN;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC>(A, B, K, lda, ldb, k_slice);  // from here on: its slice
 
     Acc<ACC16> acc[MT][NT];
 #pragma unroll
@@ -311,6 +328,12 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         }
     }
 
+    if constexpr (SPLIT_K > 1) {  // one float4 per fragment; fp16 accumulators get the fp32 sum rounded once
+        auto get = [&](int f, int e) { return acc_get(acc[f / NT][f % NT], e); };
+        auto set = [&](int f, int e, float x) { acc_set(acc[f / NT][f % NT], e, x); };
+        if (!splitk_reduce<SPLIT_K, MT * NT, T>(partials, counters, get, set)) return;
+    }
+
     // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
     // stores of column pairs when C's rows keep them aligned.
     const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0);
@@ -350,6 +373,6 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
 #ifdef STANDALONE
 // The default configs (kernels_cuda/matmul.py: TC_SPACE, fp16, row-major A and B), instantiated for the build line at the top.
 void* const standalone_kernels[] = {
-    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, DT_FP16, 1, 0, 0, 0, 0, 1>
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 0, 0, 0, 1>
 };
 #endif
