@@ -22,6 +22,14 @@ _live: dict[tuple[str, int | None], tuple[torch.Tensor, torch.Tensor]] = {}
 _outgrown: list[torch.Tensor] = []  # kept alive: a captured graph may still point at them
 
 
+def splitk_slices(K: int, split_k: int, block_k: int) -> tuple[int, int]:
+    """(k_slice, slices): K is cut into `split_k` slices of ceil(K / (split_k * block_k)) * block_k
+    elements, whole BLOCK_K steps, of which the first `slices` hold any. Only those are launched,
+    so a K of a few BLOCK_K neither runs nor stores empty slices (nor sizes the workspace for them)."""
+    k_slice = -(-K // (split_k * block_k)) * block_k
+    return k_slice, -(-K // k_slice) if K > 0 else 1  # K = 0: one slice, the bias alone
+
+
 def _grown(current: torch.Tensor | None, need: int, make) -> torch.Tensor:
     if current is not None and current.numel() >= need:
         return current

@@ -10,7 +10,7 @@ import torch
 from kernels_core import contract
 from kernels_core.contract import dtype_name, matmul_args, matrix_layout, output
 from kernels_core.space import Space
-from kernels_core.workspace import splitk_workspace
+from kernels_core.workspace import splitk_slices, splitk_workspace
 
 from . import _runtime as rt
 
@@ -146,14 +146,6 @@ def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16) -> r
         int(acc16), int(arch >= 80)))
 
 
-def splitk_slices(K: int, cfg) -> tuple[int, int]:
-    """(k_slice, slices): K is cut into SPLIT_K slices of ceil(K / (SPLIT_K * BLOCK_K)) * BLOCK_K
-    elements (the contract's), of which the first `slices` hold any; only those are launched,
-    so a K of a few BLOCK_K neither runs nor stores the empty ones."""
-    k_slice = rt.cdiv(K, cfg["SPLIT_K"] * cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-    return k_slice, rt.cdiv(K, k_slice)
-
-
 def launch_cost(dtype: str, cfg, arch: int) -> tuple[int, int]:
     """(threads per block, dynamic shared memory) of a launch: the space's own cost expressions."""
     cost = _SPACES[dtype].cost(cfg, contract.DTYPES[dtype].itemsize, arch)
@@ -207,7 +199,7 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
         variant = tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
     threads, smem = launch_cost(dtype, cfg, arch)
     tiles = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
-    k_slice, slices = splitk_slices(K, cfg)
+    k_slice, slices = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
     partials = counters = None  # SPLIT_K == 1 compiles no access to them
     if cfg["SPLIT_K"] > 1:
         # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread

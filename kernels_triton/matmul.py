@@ -21,8 +21,9 @@ Split-K, for outputs of few tiles. The trainer's products are short and deep
 (128x1024 or 32x10 outputs over K = 784..8192): one program per tile leaves
 most of a 132-SM GPU idle whatever the tile. With SPLIT_K > 1 the grid gets a
 second axis: program (tile, s) computes tile's product over the s-th slice
-of K, K_SLICE = ceil(K / (SPLIT_K * BLOCK_K)) * BLOCK_K long (the last slices
-may be short or empty; an empty one contributes zeros). Its fp32 partial tile
+of K, K_SLICE = ceil(K / (SPLIT_K * BLOCK_K)) * BLOCK_K long (the last slice
+may be short; slices left empty are not launched, so the kernel's SPLIT_K is
+the number that hold any K: kernels_core.workspace.splitk_slices). Its fp32 partial tile
 goes to the shared split-K workspace (kernels_core.workspace), laid out tile
 by tile: tile t's SPLIT_K partials are consecutive BLOCK_M x BLOCK_N row-major
 blocks from t * SPLIT_K * BLOCK_M * BLOCK_N on, so each store and read is one
@@ -53,7 +54,7 @@ import triton.language as tl
 
 from kernels_core import contract
 from kernels_core.space import Space
-from kernels_core.workspace import splitk_workspace
+from kernels_core.workspace import splitk_slices, splitk_workspace
 
 from . import _runtime as rt
 
@@ -231,14 +232,14 @@ def plan(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=
     stride_bk, stride_bn = (b.stride(1), b.stride(0)) if trans_b else (b.stride(0), b.stride(1))
     constexprs = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
     tiles = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
-    split_k = cfg["SPLIT_K"]
-    # Slices are whole BLOCK_K steps; ceil twice, so the last slices may be short or empty.
-    k_slice = rt.cdiv(K, split_k * cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    # The kernel's SPLIT_K is the number of slices that hold any K: empty ones are not launched.
+    k_slice, split_k = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
+    constexprs["SPLIT_K"] = split_k
     partials = counters = out  # placeholders: SPLIT_K == 1 compiles no access to them
     if split_k > 1:
         partial_elems = tiles * split_k * cfg["BLOCK_M"] * cfg["BLOCK_N"]
         if partial_elems > _MAX_I32:
-            raise ValueError(f"config: SPLIT_K={split_k} needs {partial_elems} partial sums for a {M}x{N} "
+            raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']} needs {partial_elems} partial sums for a {M}x{N} "
                              "output, more than 2**31; the kernel uses 32-bit offsets")
         partials, counters = splitk_workspace(a.device, partial_elems, tiles)
     args = dict(

@@ -228,8 +228,8 @@ def test_splitk_partials_past_32_bits_refused():
     (shape-only tensors: nothing is allocated or launched)."""
     from kernels_triton.matmul import plan
 
-    a = torch.empty(16384, 64, device="meta")
-    b = torch.empty(64, 16384, device="meta")
+    a = torch.empty(16384, 1024, device="meta")
+    b = torch.empty(1024, 16384, device="meta")
     config = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
     assert plan(a, b, config={**config, "SPLIT_K": 4})[1].grid == (256 * 256, 4)
     with pytest.raises(ValueError, match="config: SPLIT_K=16"):
@@ -263,3 +263,19 @@ def test_splitk_cuda_graph_replay(ops, rng, dtype):
         assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance(dtype, k, "cuda"),
                    f"replay, config={config}")
         assert counters_are_zero(a.device)
+
+
+@pytest.mark.parametrize("k,split_k,block_k,want", [
+    (784, 4, 32, (224, 4)),     # 784 = 3 * 224 + 112: the last slice is short
+    (32, 16, 32, (32, 1)),      # one BLOCK_K of K: 15 of 16 slices would be empty, none is launched
+    (100, 16, 32, (32, 4)),     # ceil(100 / 32) = 4 slices hold K, 12 are not launched
+    (1, 2, 16, (16, 1)),
+    (0, 4, 32, (0, 1)),         # no K: one program writes the bias alone
+])
+def test_splitk_slices_launch_only_slices_that_hold_k(k, split_k, block_k, want):
+    from kernels_core.workspace import splitk_slices
+
+    k_slice, slices = splitk_slices(k, split_k, block_k)
+    assert (k_slice, slices) == want
+    assert k_slice % block_k == 0 and slices <= split_k
+    assert (slices - 1) * k_slice < k <= slices * k_slice or k == 0
