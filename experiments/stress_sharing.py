@@ -2,7 +2,8 @@
 
 Two trials, repeated `--rounds` times each, with the test backend (tests/fake_backend.py)
 whose configs take `FAKE_COMPILE_S` to "compile", so kills land inside real trial work:
-- kill: a search is SIGKILLed at a random moment, then the same command is rerun;
+- kill: a search is SIGKILLed at a random moment (up to 0.3 s after its CSV holds a random
+  number of rows, 0 to budget - 1), then the same command is rerun;
 - share: two searches start at once on one new storage (two machines, in effect).
 Each round must end with exactly the budget measured, no config measured twice and
 every process exiting 0. The storage is a new SQLite file per round, or with
@@ -61,12 +62,17 @@ def _told(logs: list[str]) -> int:
 
 def kill_round(tmp: Path, rng: random.Random, storage: str) -> dict:
     cmd = _search(tmp / "out", storage, 3)
+    csv = tmp / "out" / "cpu" / "trials.csv"
+    # By progress, not by the clock: start-up alone takes 2 to 5 s, with the machine's load.
+    at_rows, extra_s = rng.randrange(BUDGET), rng.uniform(0, 0.3)
+    start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_s = rng.uniform(2.0, 4.5)  # from start-up to the last trials on this 2-core machine
-    time.sleep(kill_s)
+    while proc.poll() is None and (csv.read_bytes().count(b"\n") - 1 if csv.exists() else 0) < at_rows:
+        time.sleep(0.02)
+    time.sleep(extra_s)
+    kill_s = time.monotonic() - start
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    csv = tmp / "out" / "cpu" / "trials.csv"
     before = _judge([csv])["measured"] if csv.exists() else 0
     rerun = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
     return {"kill_after_s": round(kill_s, 2), "measured_before_kill": before,

@@ -22,7 +22,6 @@ import torch
 
 from autotune import studies
 from autotune.store import load_store
-from tests.postgres import postgres_server, storage_url  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parent.parent
 

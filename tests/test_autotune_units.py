@@ -17,7 +17,6 @@ from kernels_core import backends
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from kernels_core.space import Space
 from tests import fake_backend
-from tests.postgres import postgres_server, storage_url  # noqa: F401 - fixtures
 
 SM75, SM90 = targets.TARGETS["sm_75"], targets.TARGETS["sm_90"]
 # Expected: the runner uses Optuna's heartbeat (experimental) with ask/tell, not `optimize`.
