@@ -31,8 +31,8 @@ def _binaries() -> str | None:
 
 
 class LocalServer:
-    def __init__(self, folder: str, run_as: dict):
-        self.folder, self.run_as = folder, run_as
+    def __init__(self, folder: str):
+        self.folder = folder  # holds the server's unix socket
 
     def new_database(self) -> str:
         import psycopg
@@ -63,13 +63,17 @@ def local_server():
                     pg_ctl + ["-l", os.path.join(folder, "log"), "-w", "start", "-o",
                               f"-k {folder} -c listen_addresses='' -c fsync=off -c synchronous_commit=off "
                               "-c full_page_writes=off -c max_connections=200"]):
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **run_as)
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **run_as)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise RuntimeError(f"PostgreSQL did not start: {exc}") from None
             if done.returncode:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"PostgreSQL did not start: {os.path.basename(cmd[0])}: {tail[0]}")
-        yield LocalServer(folder, run_as)
+        yield LocalServer(folder)
     finally:
-        subprocess.run(pg_ctl + ["-m", "immediate", "stop"], capture_output=True, timeout=60, **run_as)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(pg_ctl + ["-m", "immediate", "stop"], capture_output=True, timeout=60, **run_as)
         shutil.rmtree(folder, ignore_errors=True)
 
 
