@@ -213,22 +213,24 @@ class Search:
     # -- one study -------------------------------------------------------------------
     def open(self, job: Job):
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
-        name = studies.study_name(self.args.study_prefix, self.target.name, call.op, job.backend, call.dtype, call.key)
+        key = studies.study_name("", self.target.name, call.op, job.backend, call.dtype, call.key)
+        name = self.args.study_prefix + key
         view = studies.view_space(job.space, self.target, elt)
         sampler = studies.make_sampler(self.args.sampler, self.args.seed, view.values,
                                        parallel=len(self.pool) > 1)
         with self.lock:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
-            studies.reap_stale(study)
+            studies.reap_dead(study)
             self._copy_missing_rows(study, name)
+            known = studies.measured_elsewhere(self.storage, name, key)
         baselines: dict = {}
         check = lambda config: self.target.target_violation(job.space, config, elt)
         runner = StudyRunner(study, view, self.budget, check,
                              make_row=lambda config, result, number: self.make_row(
                                  job, name, baselines, config, result, number),
                              record=self.record, ordinal=self.args.sampler in studies.ORDINAL_SAMPLERS,
-                             lock=self.lock, heartbeat=self.heartbeat)
+                             lock=self.lock, heartbeat=self.heartbeat, known=known)
         return name, view, study, runner, baselines
 
     def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
@@ -236,9 +238,9 @@ class Search:
         between the two writes. Read now: another process may share this CSV, and a live
         one writes its own rows (as other machines write theirs, to their own CSVs)."""
         have = self.csv.keys()
-        for t in study.get_trials(deepcopy=False):
-            if (t.state != TrialState.RUNNING and "status" in t.user_attrs and (name, str(t.number)) not in have
-                    and studies.owner_dead(t.user_attrs.get("owner"))):
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            if ((studies.counts_toward_budget(t) or t.user_attrs.get("status") == "invalid")
+                    and (name, str(t.number)) not in have and studies.owner_dead(t.user_attrs.get("owner"))):
                 self.csv.append(t.user_attrs["row"])
 
     def baselines(self, job: Job) -> dict:
@@ -300,8 +302,6 @@ class Search:
             candidate = runner.next_candidate(self.stop)
             if candidate is None:
                 return
-            if candidate.twin is not None and runner.reuse_twin(candidate, self.stop):
-                continue
             if self.stop.is_set():
                 runner.abandon(candidate)
                 return
@@ -326,7 +326,7 @@ class Search:
         summary = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                    "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
-                   "invalid": counts["invalid"], "note": (runner.gave_up or baselines.get("default_problem", ""))[:80]}
+                   "invalid": counts["invalid"], "note": (runner.ended or baselines.get("default_problem", ""))[:80]}
         if best is not None:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
@@ -385,9 +385,9 @@ class Search:
         invalid_now = sum(o[3].invalid for _, o in opened)
         reused_now = sum(o[3].reused for _, o in opened)
         print(f"\n{len(self.summary)} studies on {self.target.name} ({self.args.sampler}, budget {self.budget} "
-              f"measured trials each). This run: {self.bar.n - reused_now} trials measured, {reused_now} reused "
-              f"from earlier trials of the same config, {invalid_now} suggestions pruned as invalid before "
-              f"compiling ({sum(s['invalid'] for s in self.summary)} in the studies).")
+              f"measured configs each). This run: {self.bar.n} trials measured, {reused_now} suggestions of "
+              f"configs measured before told their results at no cost, {invalid_now} suggestions pruned as "
+              f"invalid before compiling ({sum(s['invalid'] for s in self.summary)} in the studies).")
         for line in self.plan.skipped:
             print(f"skipped {line}")
         if interrupted:

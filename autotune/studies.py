@@ -3,23 +3,45 @@
 One study per (target, op, backend, dtype, shape). Each tunable ranges over
 the values that appear in at least one valid config of the target: as an
 index into its sorted values for the samplers that model order
-(ORDINAL_SAMPLERS), as a categorical for the others. A suggestion that breaks a rule is told to Optuna as PRUNED at once
-(TPE ranks pruned trials below every completed one, so it learns to avoid
-such regions) and costs no budget; so does every failed trial, with its real
-outcome kept in the trial's user attributes. A config already measured in the
-study is not measured again: its result is copied into the new trial.
+(ORDINAL_SAMPLERS), as a categorical for the others.
 
-The budget counts trials that reached (or are reaching) a device, across every
-process sharing the storage, so re-running a command resumes where it stopped
-and several machines can share one study through an RDB URL; trial numbers
-decide who takes the last slots, so together they never overrun it.
+The budget counts configs measured: trials that reached (or are reaching) a
+device, in every process sharing the storage, so re-running a command resumes
+where it stopped and several machines share one study through an RDB URL.
+A repeat is never a trial:
+- a suggestion that breaks a rule is told to Optuna as PRUNED at once (TPE ranks
+  pruned trials below every completed one, so it learns to avoid such regions);
+- a config measured already, in this study or in another study of the storage
+  for the same target, op, backend, dtype and shape (another --study-prefix), is
+  told its recorded result;
+- a config another trial is measuring now is dropped (FAIL, which samplers
+  ignore): its result reaches the sampler when that trial ends;
+and the sampler is asked again, at most `max(50, 2 * budget)` times in a row. A
+study whose valid configs are all measured ends early and says so.
+
+Optuna provides the storage (which numbers trials under a row lock), ask/tell,
+and, for processes on other hosts that die, the heartbeat table with
+`fail_stale_trials`. What it cannot do is kept here:
+- An exact budget over several processes, and no config measured twice:
+  `MaxTrialsCallback` counts trials as they end, so processes that start trials
+  together overrun it, and no sampler knows what another process is about to
+  measure. Trial numbers order the claims instead (StudyRunner._place).
+- A heartbeat outside `Study.optimize`, which alone runs Optuna's: Heartbeat.
+- Same-host deaths found at once by pid rather than after the grace period, so
+  a killed search resumes without waiting: the trial's owner (owner_dead).
+- `enqueue_trial` and `RetryFailedTrialCallback` (which enqueues) are not used:
+  two processes on SQLite can both start one WAITING trial (Optuna claims it
+  with SELECT ... FOR UPDATE, which SQLite ignores). A dead trial's config goes
+  back to the sampler instead.
+- GridSampler counts a failed trial's point as visited and ends a study through
+  `Study.stop`, which works only inside `optimize`: _GridOrder.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import importlib.util
 import itertools
 import os
+import random
 import socket
 import sys
 import threading
@@ -31,6 +53,7 @@ from typing import Callable
 
 import optuna
 import sqlalchemy.exc
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.targets import Target
@@ -41,12 +64,9 @@ OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "t
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
 HEARTBEAT_S, GRACE_S = 30, 120
-# A config is written right after `ask` and the sampler's suggestion; a RUNNING trial without one
-# for this long lost its process (longer than SQLite's 120 s busy timeout, so a slow write is not
-# mistaken for death).
-ORPHAN_S = 300
-CLAIM_WAIT_S = 10  # how long a trial waits for earlier ones of other processes to pick their configs
 WAIT_S = 0.5  # how often a runner whose budget is all in flight looks again
+DECIDE_POLL_S = 0.05  # how often a claim looks again for later claims to decide
+REAP_EVERY_S = 2.0  # how often a waiting claim looks for dead processes
 
 
 def _host_id() -> str:
@@ -111,7 +131,7 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return _Grid(values, seed=seed)
+        return _GridOrder(values, seed=seed)
     if name == "cmaes":
         if importlib.util.find_spec("cmaes") is None:
             raise SearchError("--sampler cmaes needs the cmaes package: pip install cmaes")
@@ -123,19 +143,33 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
     raise SearchError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
 
 
-class _Grid(optuna.samplers.GridSampler):
-    # GridSampler stops the study when the grid is done, which only works inside
-    # study.optimize; the runner stops by itself once every valid config is tried.
-    def after_trial(self, study, trial, state, values) -> None:
-        pass
+class _GridOrder(optuna.samplers.BaseSampler):
+    """Every point of the grid in a shuffled order: the first one that no trial holds.
+    A FAILed trial (dropped, interrupted, or its process died) measured nothing, so its
+    point stays to visit; once all are held, any point (a repeat, which costs nothing)."""
 
-    # A FAILed trial (dropped, interrupted, or reaped after its process died) measured
-    # nothing: its grid point stays to visit, where GridSampler counts it as done.
-    def _get_unvisited_grid_ids(self, study) -> list[int]:
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
-        told = {t.system_attrs.get("grid_id") for t in trials if t.state.is_finished() and t.state != TrialState.FAIL}
-        failed = {t.system_attrs.get("grid_id") for t in trials if t.state == TrialState.FAIL} - told - {None}
-        return sorted(set(super()._get_unvisited_grid_ids(study)) | failed)
+    def __init__(self, values: dict[str, list[int]], seed: int | None = None):
+        self._points = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
+        self._rng = random.Random(seed)
+        self._rng.shuffle(self._points)
+        self._picked: dict[int, dict] = {}  # trial number -> its point, while its params are suggested
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if trial.number not in self._picked:
+            held = {config_key(t.params) for t in study.get_trials(deepcopy=False)
+                    if t.state != TrialState.FAIL and t.number != trial.number}
+            free = (p for p in self._points if config_key(p) not in held)
+            self._picked[trial.number] = next(free, None) or self._rng.choice(self._points)
+        return self._picked[trial.number][param_name]
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._picked.pop(trial.number, None)
 
 
 @dataclass
@@ -178,66 +212,44 @@ def owner_dead(owner: str | None) -> bool:
     return False
 
 
-_CONFIGLESS_SINCE: dict[int, float] = {}  # storage id -> when this process first saw it without a config
+def reap_dead(study: optuna.Study) -> None:
+    """Fail the trials left RUNNING by dead processes: on this host by pid, on others by a
+    heartbeat older than the grace period. Their configs go back to the sampler; an outcome
+    written just before the death never reached a CSV, so measuring it again repeats nothing.
 
-
-def _on_this_host(study: optuna.Study) -> bool:
-    """A SQLite storage is a local file: every process using it runs on this host, so
-    the start times Optuna records (naive local time) are on this host's clock."""
-    storage = getattr(study._storage, "_backend", study._storage)
-    return str(getattr(storage, "url", "")).startswith("sqlite")
-
-
-def _configless_for(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> float | None:
-    """Seconds `trial` has been without a config; None once it has one. By its start time
-    when that is on this host's clock (SQLite), else by how long this process has seen it
-    so (the asking host's clock and time zone are unknown)."""
-    if "config" in trial.user_attrs:
-        return None
-    now = time.monotonic()
-    seen = now - _CONFIGLESS_SINCE.setdefault(trial._trial_id, now)
-    if trial.datetime_start is not None and _on_this_host(study):
-        return max(seen, (_dt.datetime.now() - trial.datetime_start).total_seconds())
-    return seen
-
-
-def _orphaned(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-    """Asked for but never given a config: its process died in the first writes after
-    `ask`, before a heartbeat could speak for it on other hosts."""
-    age = _configless_for(study, trial)
-    return age is not None and age > ORPHAN_S
-
-
-def reap_stale(study: optuna.Study) -> int:
-    """End trials left RUNNING by a dead process: on this host by pid, on others
-    by a stale heartbeat (judged by the storage's clock), and orphans.
-
-    A trial whose outcome was written before its process died is told that
-    outcome, so the measurement stands; any other is failed and redone.
-    """
-    stale = set(study._storage._get_stale_trial_ids(study._study_id))
-    reaped = 0
+    A trial killed between `ask` and its owner's first write has neither owner nor
+    heartbeat: it stays RUNNING, but without a config it holds no claim (StudyRunner)."""
+    optuna.storages.fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not (trial._trial_id in stale or owner_dead(trial.user_attrs.get("owner")) or _orphaned(study, trial)):
-            continue
-        try:
-            status = trial.user_attrs.get("status")
-            if status == "ok":
-                study.tell(trial.number, trial.user_attrs["row"]["time_ms"])
-            elif status is not None:
-                study.tell(trial.number, state=TrialState.PRUNED)
-            else:
-                study.tell(trial.number, state=TrialState.FAIL)
-            reaped += 1
-        except (ValueError, RuntimeError):
-            pass  # finished meanwhile by its owner after all
-    return reaped
+        if owner_dead(trial.user_attrs.get("owner")):
+            try:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            except UpdateFinishedTrialError:
+                pass  # another process reaped it first
 
 
 def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
-    """A finished trial with an outcome other than `invalid`. Live trials are weighed apart,
-    by who asked first (StudyRunner._place)."""
-    return trial.state != TrialState.RUNNING and trial.user_attrs.get("status") not in (None, "invalid")
+    """A finished trial that measured its config: an outcome other than `invalid`, not a copy."""
+    return (trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and "reused_from" not in trial.user_attrs
+            and trial.user_attrs.get("status") not in (None, "invalid"))
+
+
+def measured_elsewhere(storage: optuna.storages.BaseStorage, name: str,
+                       key: str) -> dict[tuple, tuple[str, optuna.trial.FrozenTrial]]:
+    """Config -> ("study#trial", trial) of the trials that measured it in the storage's other
+    studies of the same target/op/backend/dtype/shape `key` (other --study-prefix values)."""
+    found = {}
+    for other in optuna.get_all_study_names(storage):
+        if other != name and other.endswith(key):
+            for t in optuna.load_study(study_name=other, storage=storage).get_trials(deepcopy=False):
+                if counts_toward_budget(t):
+                    found.setdefault(config_key(t.user_attrs["config"]), (f"{other}#{t.number}", t))
+    return found
+
+
+def _claims(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """Live trials that hold a config: each may be measuring it or about to."""
+    return [t for t in trials if t.state == TrialState.RUNNING and "config" in t.user_attrs]
 
 
 _WAIT = object()  # StudyRunner: the rest of the budget is in flight; look again soon
@@ -247,12 +259,12 @@ _WAIT = object()  # StudyRunner: the rest of the budget is in flight; look again
 class Candidate:
     trial: optuna.Trial
     config: dict[str, int]
-    twin: int | None = None  # storage id of a running trial measuring the same config
 
 
 @dataclass
 class StudyRunner:
-    """ask -> check -> (reuse | hand out) -> tell, safe for several threads."""
+    """ask -> check -> (repeat: tell its result, ask again | claim -> measure) -> tell,
+    safe for several threads and processes."""
 
     study: optuna.Study
     view: SpaceView
@@ -263,25 +275,39 @@ class StudyRunner:
     ordinal: bool = False  # suggest value indices instead of categories (see ORDINAL_SAMPLERS)
     lock: threading.Lock = field(default_factory=threading.Lock)
     heartbeat: "Heartbeat | None" = None
+    known: dict = field(default_factory=dict)  # measured_elsewhere()
     invalid: int = 0
     reused: int = 0
-    gave_up: str = ""
+    ended: str = ""  # why the study ended before its budget
+
+    def __post_init__(self) -> None:
+        self._valid = None if self.view.valid is None else {config_key(c) for c in self.view.valid}
 
     def measured(self) -> int:
         """Finished trials that count toward the budget, from every process."""
         with self.lock:
             return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False))
 
+    def _done_keys(self, trials) -> set[tuple]:
+        return {config_key(t.user_attrs["config"]) for t in trials if counts_toward_budget(t)} | set(self.known)
+
+    def _exhausted(self, done: set[tuple]) -> bool:
+        if self._valid is None or not self._valid <= done:
+            return False
+        self.ended = f"all {len(self._valid)} valid configs measured"
+        return True
+
     def left(self) -> int:
-        """Trials the study still needs: the budget not yet finished, capped by the valid
-        configs no finished trial has taken. Trials in flight elsewhere are not deducted:
-        their processes may die, and a runner waits for them (next_candidate)."""
+        """Configs the study still needs measured: the budget not yet finished, capped by the
+        valid configs not yet measured. Trials in flight elsewhere are not deducted: their
+        processes may die, and a runner waits for them (next_candidate)."""
         with self.lock:
-            finished = [t for t in self.study.get_trials(deepcopy=False) if counts_toward_budget(t)]
-        left = self.budget - len(finished)
-        if self.view.valid is not None:
-            left = min(left, len(self.view.valid) - len({config_key(t.user_attrs["config"]) for t in finished}))
-        return max(0, left)
+            trials = self.study.get_trials(deepcopy=False)
+        left = self.budget - sum(counts_toward_budget(t) for t in trials)
+        done = self._done_keys(trials)
+        if left <= 0 or self._exhausted(done):
+            return 0
+        return left if self._valid is None else min(left, len(self._valid - done))
 
     def _suggest(self, trial: optuna.Trial) -> dict[str, int]:
         try:
@@ -310,115 +336,90 @@ class StudyRunner:
                 return None
 
     def _next_or_wait(self):
-        streak = 0
+        streak = 0  # suggestions in a row that measure nothing new
         while True:
             trials = self.study.get_trials(deepcopy=False)
-            finished = [t for t in trials if counts_toward_budget(t)]
-            live = [t for t in trials if t.state == TrialState.RUNNING and not _orphaned(self.study, t)]
-            tried = {config_key(t.user_attrs["config"]) for t in finished + live if "config" in t.user_attrs}
-            exhausted = self.view.valid is not None and len(tried) >= len(self.view.valid)
-            if len(finished) >= self.budget or (exhausted and not live):
+            measured = sum(counts_toward_budget(t) for t in trials)
+            claims = _claims(trials)
+            done = self._done_keys(trials)
+            if measured >= self.budget or self._exhausted(done):
                 return None
-            if len(finished) + len(live) >= self.budget or exhausted:
-                reap_stale(self.study)  # what is in flight may fill the budget, or may be dead
+            if measured + len(claims) >= self.budget or (
+                    self._valid is not None and self._valid <= done | {config_key(t.user_attrs["config"]) for t in claims}):
+                reap_dead(self.study)  # what is in flight may fill the budget, or may be dead
                 return _WAIT
-            trial = self._ask_owned()
+            trial = self.study.ask()
+            trial.set_user_attr("owner", OWNER)
             if self.heartbeat:
-                self.heartbeat.add(trial._trial_id)  # from now on other hosts can tell if it dies
+                self.heartbeat.add(trial)  # from now on other hosts can tell if it dies
             config = self._suggest(trial)
-            trial.set_user_attr("config", config)
             problem = self.check(config)
             if problem:
                 self._finish(trial, config, {"status": "invalid", "error": problem})
                 self.invalid += 1
-                streak += 1
-                if streak > max(50, 2 * self.budget):
-                    self.gave_up = f"the sampler proposed {streak} invalid configs in a row"
-                    return None
-                continue
-            verdict, other = self._place(trial, config)
-            if verdict == "full":  # a process asked just before this one took the last slot
-                self._drop(trial)
-                return _WAIT
-            if verdict == "reuse":
-                self._reuse(trial, other)
-                continue
-            return Candidate(trial, config, other._trial_id if verdict == "twin" else None)
+            else:
+                trial.set_user_attr("config", config)  # the claim: from now on others see it
+                verdict, previous = self._place(trial, config)
+                if verdict == "measure":
+                    return Candidate(trial, config)
+                if verdict == "full":  # the slots left are claimed by trials asked before this one
+                    self._drop(trial)
+                    return _WAIT
+                if verdict == "reuse":
+                    self._reuse(trial, *previous)
+                else:  # "in flight": its result reaches the sampler when the trial measuring it ends
+                    self._drop(trial)
+            streak += 1
+            if streak >= max(50, 2 * self.budget):
+                self.ended = f"the sampler proposed {streak} invalid or measured configs in a row"
+                return None
 
-    def _ask_owned(self) -> optuna.Trial:
-        """`study.ask()`, except that the trial is created RUNNING with its owner in one storage
-        write: a kill can never leave a started trial that names no owner (which only a long
-        wait could then tell from a live one). Optuna's own `ask` writes the trial first."""
-        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={"owner": OWNER})
-        if hasattr(self.study, "_thread_local"):
-            self.study._thread_local.cached_all_trials = None  # as `ask` does: samplers see fresh trials
-        trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
-        return optuna.Trial(self.study, trial_id)
+    def _place(self, trial: optuna.Trial, config: dict) -> tuple[str, tuple | None]:
+        """What a trial that claimed `config` does, among the processes sharing the storage.
 
-    def _place(self, trial: optuna.Trial, config: dict) -> tuple[str, optuna.trial.FrozenTrial | None]:
-        """Where a claimed trial stands among the processes sharing the storage.
+        ("reuse", (source, t)): t measured the config; ("in flight", None): a claim ahead of this
+        one holds it; ("full", None): the claims ahead fill the budget; ("measure", None).
 
-        ("full", None): the budget is taken; ("reuse", t): t measured the config;
-        ("twin", t): t, asked earlier and still live, measures it; ("measure", None).
-        Trial numbers order the claims. A trial waits (briefly) until every live
-        trial asked before it has picked its config, then goes ahead only if the
-        finished trials that count plus those earlier live ones leave a slot: the
-        highest-numbered of budget + 1 trials always sees the other budget, so
-        together the processes never overrun it, and the lowest-numbered
-        contender is never held back, so the search goes on. A config is measured
-        by the earliest live trial that picked it; later ones wait and copy.
+        A claim is the config written to a live trial; one is ahead of this trial if its
+        number is lower, or if it is marked as measuring. Before deciding, a trial waits
+        for every later claim to decide: a later claim decides without waiting for earlier
+        ones, so waiting never goes round in a circle, and only a dead process stalls it
+        (reaped by pid or heartbeat). Why the budget holds: every trial writes its claim
+        before it reads the others', so of two trials deciding at once at least one sees the
+        other's claim; if the later-numbered one missed the earlier, the earlier sees it, waits
+        for its decision and counts it. Each measuring trial is then counted by the one that
+        decided after it, and the same rule keeps two claims of one config from both measuring.
         """
+        key = config_key(config)
+        reaped = time.monotonic()
         while True:
             trials = self.study.get_trials(deepcopy=False)
-            earlier = [t for t in trials if t.state == TrialState.RUNNING and t.number < trial.number
-                       and not _orphaned(self.study, t)]
-            ages = [_configless_for(self.study, t) for t in earlier]
-            if all(age is None or age > CLAIM_WAIT_S for age in ages):
-                break  # every earlier trial has its config, or is late enough to be presumed dead
-            time.sleep(0.05)  # a config is a suggestion and a storage write away
-        finished = [t for t in trials if counts_toward_budget(t)]
-        if len(finished) + len(earlier) >= self.budget:
+            for t in trials:
+                if counts_toward_budget(t) and config_key(t.user_attrs["config"]) == key:
+                    return "reuse", (t.number, t)
+            if key in self.known:
+                return "reuse", self.known[key]
+            others = [t for t in _claims(trials) if t.number != trial.number]
+            ahead = [t for t in others if t.number < trial.number or t.user_attrs.get("measuring")]
+            if any(config_key(t.user_attrs["config"]) == key for t in ahead):
+                return "in flight", None
+            if len(ahead) == len(others):
+                break
+            time.sleep(DECIDE_POLL_S)  # a later claim is a read and a write away from deciding
+            if time.monotonic() - reaped > REAP_EVERY_S:
+                reap_dead(self.study)
+                reaped = time.monotonic()
+        if sum(counts_toward_budget(t) for t in trials) + len(ahead) >= self.budget:
             return "full", None
-        key = config_key(config)
-        for t in finished:
-            if "row" in t.user_attrs and config_key(t.user_attrs["config"]) == key:
-                return "reuse", t
-        # A trial marked as measuring never waits, so waiting never goes round in a circle; the
-        # mark also catches an earlier trial whose sampler took longer than CLAIM_WAIT_S.
-        live = earlier + [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("measuring")
-                          and t.number != trial.number]
-        for t in sorted(live, key=lambda t: (not t.user_attrs.get("measuring"), t.number)):
-            if config_key(t.user_attrs.get("config", {})) == key:
-                return "twin", t
         trial.set_user_attr("measuring", True)
         return "measure", None
 
-    def reuse_twin(self, candidate: Candidate, stop: threading.Event) -> bool:
-        """Wait for the twin measuring the same config and copy its result.
-
-        False when the twin ended without a result (its process died): the
-        caller then measures the config itself.
-        """
-        polls = 0
-        while not stop.wait(0.2):
-            polls += 1
-            with self.lock:
-                if polls % 25 == 0:
-                    reap_stale(self.study)  # the twin's process may have died
-                twin = self.study._storage.get_trial(candidate.twin)
-                if twin.state == TrialState.RUNNING:
-                    continue
-                if not (counts_toward_budget(twin) and "row" in twin.user_attrs):
-                    return False
-                self._reuse(candidate.trial, twin)
-                return True
-        return False
-
-    def _reuse(self, trial: optuna.Trial, previous: optuna.trial.FrozenTrial) -> None:
-        row = dict(previous.user_attrs["row"], trial=trial.number, reused_from=previous.number,
-                   utc=utc_now())
+    def _reuse(self, trial: optuna.Trial, source: int | str, previous: optuna.trial.FrozenTrial) -> None:
+        """Tell the sampler a measured config's result, at no budget cost and with no CSV row."""
+        trial.set_user_attr("reused_from", source)
+        row = dict(previous.user_attrs["row"], trial=trial.number, reused_from=source, utc=utc_now())
         self.reused += 1
-        self._tell(trial, previous.user_attrs["status"], row, previous.value)
+        self._tell(trial, previous.user_attrs["status"], row, previous.value, record=False)
 
     def complete(self, candidate: Candidate, result: dict) -> dict:
         with self.lock:
@@ -431,7 +432,7 @@ class StudyRunner:
 
     def _drop(self, trial: optuna.Trial) -> None:
         if self.heartbeat:
-            self.heartbeat.discard(trial._trial_id)
+            self.heartbeat.discard(trial)
         self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
     def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> dict:
@@ -439,26 +440,26 @@ class StudyRunner:
         self._tell(trial, result["status"], row, result.get("time_ms"))
         return row
 
-    def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None) -> None:
-        # Row before status, both before the state and the CSV: the status marks
-        # an outcome as complete, so a kill anywhere here leaves either a trial
-        # the next run redoes or one whose row it copies into the CSV, never a
-        # CSV row the study lacks.
+    def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None, record: bool = True) -> None:
+        # The outcome before the state, the state before the CSV: a kill in between leaves a
+        # RUNNING trial that is reaped and redone, or a finished one whose row the next run
+        # copies into the CSV (Search._copy_missing_rows), never a CSV row the study lacks.
         if self.heartbeat:
-            self.heartbeat.discard(trial._trial_id)
+            self.heartbeat.discard(trial)
         try:
             trial.set_user_attr("row", row)
             trial.set_user_attr("status", status)
-        except optuna.exceptions.UpdateFinishedTrialError:
+            if status == "ok":
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=TrialState.PRUNED)
+        except (UpdateFinishedTrialError, ValueError):
             # Another process took it for dead and failed it (its heartbeat went unrecorded
             # for the grace period): the outcome is lost and the config goes back to the sampler.
             print(f"autotune: trial {trial.number} was ended elsewhere; its result is dropped", file=sys.stderr)
             return
-        if status == "ok":
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=TrialState.PRUNED)
-        self.record(row)
+        if record:
+            self.record(row)
 
 
 class Heartbeat:
@@ -468,25 +469,30 @@ class Heartbeat:
 
     def __init__(self, storage: optuna.storages.RDBStorage):
         self.storage = storage
-        self.ids: set[int] = set()
+        self.ids: dict[tuple[str, int], int] = {}  # (study, trial number) -> trial id
+        self._study_ids: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def add(self, trial_id: int) -> None:
+    def add(self, trial: optuna.Trial) -> None:
+        name = trial.study.study_name
+        if name not in self._study_ids:
+            self._study_ids[name] = self.storage.get_study_id_from_name(name)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_ids[name], trial.number)
         with self._lock:
-            self.ids.add(trial_id)
+            self.ids[(name, trial.number)] = trial_id
         self.storage.record_heartbeat(trial_id)
 
-    def discard(self, trial_id: int) -> None:
+    def discard(self, trial: optuna.Trial) -> None:
         with self._lock:
-            self.ids.discard(trial_id)
+            self.ids.pop((trial.study.study_name, trial.number), None)
 
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             with self._lock:
-                ids = list(self.ids)
+                ids = list(self.ids.values())
             for trial_id in ids:
                 try:
                     self.storage.record_heartbeat(trial_id)
@@ -504,9 +510,10 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def outcome_counts(study: optuna.Study) -> dict[str, int]:
+    """Outcomes of the trials that measured (copies left out) and of invalid suggestions."""
     counts = dict.fromkeys(OUTCOMES, 0)
     for t in study.get_trials(deepcopy=False):
         status = t.user_attrs.get("status")
-        if status in counts:
+        if status in counts and (counts_toward_budget(t) or status == "invalid"):
             counts[status] += 1
     return counts

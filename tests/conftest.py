@@ -19,6 +19,8 @@ import torch
 # The packages live at the repository root; plain `pytest` does not put it on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.postgres import postgres_server, storage_url  # noqa: E402,F401 - fixtures: a storage of each kind
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")

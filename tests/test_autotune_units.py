@@ -1,18 +1,27 @@
-"""Targets, workload shapes and the config store, in process (no subprocesses)."""
+"""Targets, workload shapes, the config store and the studies' bookkeeping, in process
+(no subprocesses; the studies on SQLite and on a local PostgreSQL server, tests/postgres.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
+import time
 
+import optuna
 import pytest
 import torch
+from optuna.trial import TrialState
 
-from autotune import targets, workload
+from autotune import studies, targets, workload
 from kernels_core import backends
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from kernels_core.space import Space
 from tests import fake_backend
 
 SM75, SM90 = targets.TARGETS["sm_75"], targets.TARGETS["sm_90"]
+# Expected: the runner uses Optuna's heartbeat (experimental) with ask/tell, not `optimize`.
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")]
 
 
 def fake_space(backend, op, dtype):
@@ -203,151 +212,242 @@ def test_store_refuses_a_config_the_target_cannot_run(tmp_path):
         load_store(path, "sm_75", space_of=fake_space)
 
 
-def test_a_kill_at_any_write_leaves_a_trial_that_is_redone_or_kept(tmp_path):
-    """The windows a SIGKILL can hit in one trial's writes, replayed on a real storage."""
-    import optuna
-    from optuna.trial import TrialState
+# -- studies: the budget, repeats and dead processes, on a real storage ---------------
 
-    from autotune import studies
-
-    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
-    dead = f"{studies.HOST}:999999999"  # no such pid
-    unclaimed = study.ask()  # killed right after ask
-    half = study.ask()  # killed after the row, before the status
-    for key, value in (("owner", dead), ("config", {"B": 1}), ("row", {"time_ms": 1.0})):
-        half.set_user_attr(key, value)
-    measured = study.ask()  # killed after the status, before the state
-    for key, value in (("owner", dead), ("config", {"B": 2}), ("row", {"time_ms": 2.5}), ("status", "ok")):
-        measured.set_user_attr(key, value)
-
-    frozen = {t.number: t for t in study.get_trials()}
-    assert not studies.counts_toward_budget(frozen[unclaimed.number])  # measures nothing, costs nothing
-    assert studies.reap_stale(study) == 2
-    after = {t.number: t for t in study.get_trials()}
-    assert after[unclaimed.number].state == TrialState.RUNNING  # young: could be a live process claiming it
-    assert after[half.number].state == TrialState.FAIL and not studies.counts_toward_budget(after[half.number])
-    assert after[measured.number].state == TrialState.COMPLETE and after[measured.number].value == 2.5
+def _view(values: dict, check=lambda c: None, enumerate_valid: bool = True) -> studies.SpaceView:
+    import itertools
+    combos = [dict(zip(values, c)) for c in itertools.product(*values.values())]
+    valid = [c for c in combos if check(c) is None] if enumerate_valid else None
+    return studies.SpaceView(None, values, valid, len(combos))
 
 
-def _runner(tmp_path, budget):
-    import optuna
-
-    from autotune import studies
-
-    storage = studies.open_storage(f"sqlite:///{tmp_path / 't.db'}")
-    study = optuna.create_study(storage=storage)
-    runner = studies.StudyRunner(study, view=studies.SpaceView(None, {"B": [1, 2, 9]}, None, 3), budget=budget,
-                                 check=lambda c: None, make_row=None)
-    runner._suggest = lambda trial: {"B": 1}
-    return storage, study, runner
+def _runner(study, budget, values, check=lambda c: None, **kw) -> studies.StudyRunner:
+    return studies.StudyRunner(study, _view(values, check), budget, check,
+                               make_row=lambda config, result, number: {**config, **result, "trial": number}, **kw)
 
 
-def test_trials_left_by_dead_processes_never_stall_the_survivors(tmp_path, monkeypatch):
-    """One trial with no config (its process killed right after `ask`) and one of another host
-    whose heartbeat went stale after its outcome was written hold the last budget slots: the
-    survivor waits, reaps them, keeps the written outcome and goes on."""
-    from optuna.trial import TrialState
+def _run(runner, timeout_s: float = 60) -> list[dict]:
+    """Measure every candidate the runner hands out (a made-up time per config) until it stops;
+    a runner still busy after `timeout_s` fails the test rather than hanging it."""
+    stop, measured = threading.Event(), []
 
-    from autotune import studies
+    def loop():
+        while (candidate := runner.next_candidate(stop)) is not None:
+            measured.append(candidate.config)
+            runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + sum(candidate.config.values())})
+        measured.append("done")
 
-    monkeypatch.setattr(studies, "ORPHAN_S", 0.5)
-    monkeypatch.setattr(studies, "CLAIM_WAIT_S", 0.2)
-    storage, study, runner = _runner(tmp_path, budget=2)
-    configless, elsewhere = study.ask(), study.ask()
-    for key, value in (("owner", "another-host:1"), ("config", {"B": 9}), ("row", {"time_ms": 3.0}),
-                       ("status", "ok")):
-        elsewhere.set_user_attr(key, value)
-    monkeypatch.setattr(storage, "_get_stale_trial_ids", lambda study_id: [elsewhere._trial_id])
-    candidate = runner.next_candidate()
-    assert candidate is not None and candidate.config == {"B": 1} and candidate.twin is None
-    after = {t.number: t for t in study.get_trials()}
-    assert after[elsewhere.number].state == TrialState.COMPLETE and after[elsewhere.number].value == 3.0
-    assert studies._orphaned(study, after[configless.number])  # passed over, and failed by the next reap
-    studies.reap_stale(study)
-    assert study.get_trials()[configless.number].state == TrialState.FAIL
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    stop.set()
+    assert measured[-1:] == ["done"], f"the runner was still busy after {timeout_s} s"
+    return measured[:-1]
 
 
-def test_a_twin_whose_process_dies_is_measured_here(tmp_path):
-    import subprocess
-    import threading
-
-    from optuna.trial import TrialState
-
-    from autotune import studies
-
-    _, study, runner = _runner(tmp_path, budget=3)
-    other = subprocess.Popen(["sleep", "60"])  # the twin's process, alive when the candidate is placed
-    twin = study.ask()
-    for key, value in (("owner", f"{studies.HOST}:{other.pid}"), ("config", {"B": 1})):
-        twin.set_user_attr(key, value)
-    candidate = runner.next_candidate()
-    assert candidate.twin == twin._trial_id
-    other.kill()
-    other.wait()
-    assert not runner.reuse_twin(candidate, threading.Event())  # no result coming: measure it here
-    assert study.get_trials()[twin.number].state == TrialState.FAIL
+def _claim(study, config, owner=studies.OWNER, **attrs):
+    """A trial as another process leaves it after writing its owner and its config."""
+    trial = study.ask()
+    for key, value in {"owner": owner, "config": config, **attrs}.items():
+        trial.set_user_attr(key, value)
+    return trial
 
 
-def test_trial_numbers_decide_who_takes_the_last_slot_and_who_measures(tmp_path):
-    """Trials of two processes claimed at once: the lower number runs; a later claim of a
-    config copies the earlier live or finished trial of it instead of measuring it again."""
-    import optuna
-
-    from autotune import studies
-
-    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"))
-
-    def claimed(b):
-        trial = study.ask()
-        trial.set_user_attr("config", {"B": b})
-        return trial
-
-    first = claimed(1)
-    for key, value in (("row", {"time_ms": 1.0}), ("status", "ok")):
-        first.set_user_attr(key, value)
-    study.tell(first, 1.0)
-    mine, theirs, same = claimed(2), claimed(3), claimed(2)
-    runner = studies.StudyRunner(study, view=None, budget=3, check=lambda c: None, make_row=None)
-    assert runner._place(mine, {"B": 2}) == ("measure", None)
-    assert runner._place(theirs, {"B": 3}) == ("measure", None)
-    verdict, twin = runner._place(same, {"B": 2})
-    assert verdict == "full"  # budget 3: the first, mine and theirs
-    runner.budget = 4
-    verdict, twin = runner._place(same, {"B": 2})
-    assert verdict == "twin" and twin.number == mine.number
-    verdict, done = runner._place(same, {"B": 1})
-    assert verdict == "reuse" and done.number == first.number
-    study.tell(mine, state=optuna.trial.TrialState.FAIL)  # mine died without an outcome
-    runner.budget = 3
-    assert runner._place(same, {"B": 2}) == ("measure", None)
+def _measured(study, config, time_ms=1.0):
+    trial = _claim(study, config)
+    for key, value in (("row", {"time_ms": time_ms, **config}), ("status", "ok")):
+        trial.set_user_attr(key, value)
+    study.tell(trial, time_ms)
+    return trial
 
 
-def test_a_config_picked_late_by_an_earlier_trial_is_copied_not_measured_twice(tmp_path, monkeypatch):
-    """An earlier trial whose sampler outlasted CLAIM_WAIT_S picks the config a later one is
-    already measuring: it waits for that one instead of measuring it again."""
-    from autotune import studies
+def _place(runner, trial, config, within_s: float = 20):
+    """runner._place, failing the test instead of hanging it when the claim never decides."""
+    verdict = []
+    thread = threading.Thread(target=lambda: verdict.append(runner._place(trial, config)), daemon=True)
+    thread.start()
+    thread.join(within_s)
+    assert verdict, f"the claim of {config} did not decide within {within_s} s"
+    return verdict[0]
 
-    monkeypatch.setattr(studies, "CLAIM_WAIT_S", 0.1)
-    _, study, runner = _runner(tmp_path, budget=3)
-    slow, fast = study.ask(), study.ask()
-    fast.set_user_attr("config", {"B": 2})
-    assert runner._place(fast, {"B": 2}) == ("measure", None)  # after waiting 0.1 s for `slow`
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid  # reaped: no process has it (until the kernel hands it out again)
+
+
+def test_a_kill_at_any_write_leaves_a_trial_that_is_redone(storage_url):
+    """The windows a SIGKILL can hit in one trial's writes, replayed on a real storage: every
+    trial left behind is failed and its config measured again, or (killed before its owner was
+    written) left RUNNING without a claim, where it holds no budget."""
+    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    dead = f"{studies.HOST}:{_dead_pid()}"
+    unowned = study.ask()
+    claimed = _claim(study, {"B": 2}, owner=dead, measuring=True)  # killed while measuring
+    written = _claim(study, {"B": 9}, owner=dead, measuring=True)  # killed between its outcome and its state
+    for key, value in (("row", {"time_ms": 2.5}), ("status", "ok")):
+        written.set_user_attr(key, value)
+    studies.reap_dead(study)
+    state = {t.number: t.state for t in study.get_trials()}
+    assert state == {unowned.number: TrialState.RUNNING, claimed.number: TrialState.FAIL,
+                     written.number: TrialState.FAIL}
+    runner = _runner(study, budget=3, values={"B": [1, 2, 9]})
+    runner.study.sampler = optuna.samplers.RandomSampler(seed=0)
+    assert sorted(c["B"] for c in _run(runner)) == [1, 2, 9]
+    assert sum(studies.counts_toward_budget(t) for t in study.get_trials()) == 3
+
+
+def test_trials_left_by_dead_processes_never_stall_the_survivors(storage_url):
+    """The last budget slots are claimed by a trial of another host whose heartbeat stopped
+    and by one of a dead process on this host; a trial without a claim sits beside them.
+    The survivor waits, Optuna's heartbeat reaper and the pid check free the slots, and it
+    measures the budget."""
+    storage = optuna.storages.RDBStorage(storage_url, heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
+    elsewhere = _claim(study, {"B": 9}, owner="another-host:1", measuring=True)
+    storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), elsewhere.number))  # its last beat
+    here = _claim(study, {"B": 2}, owner=f"{studies.HOST}:{_dead_pid()}", measuring=True)
+    configless = study.ask()
+    runner = _runner(study, budget=2, values={"B": [1, 2, 9]})
+    start = time.monotonic()
+    measured = _run(runner, timeout_s=60)
+    assert len(measured) == 2 and time.monotonic() - start > 1  # it waited for the grace period
+    state = {t.number: t.state for t in study.get_trials()}
+    assert state[elsewhere.number] == state[here.number] == TrialState.FAIL
+    assert state[configless.number] == TrialState.RUNNING
+    assert sum(studies.counts_toward_budget(t) for t in study.get_trials()) == 2
+
+
+def test_claims_ahead_take_the_last_slots_and_their_configs(storage_url):
+    """Claims of processes deciding one after another: a config measured is reused, one
+    claimed ahead is not measured again, and the claims ahead fill the budget."""
+    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    runner = _runner(study, budget=3, values={"B": [1, 2, 3, 4]})
+    first = _measured(study, {"B": 1})
+    mine = _claim(study, {"B": 2})
+    assert _place(runner, mine, {"B": 2}) == ("measure", None)
+    theirs = _claim(study, {"B": 3})
+    assert _place(runner, theirs, {"B": 3}) == ("measure", None)  # 1 measured + 1 ahead < 3
+    same = _claim(study, {"B": 2})
+    assert _place(runner, same, {"B": 2}) == ("in flight", None)
+    study.tell(same, state=TrialState.FAIL)  # as the runner drops it
+    last = _claim(study, {"B": 4})
+    assert _place(runner, last, {"B": 4}) == ("full", None)  # 1 measured + 2 ahead: the budget
+    verdict, (source, trial) = _place(runner, last, {"B": 1})
+    assert verdict == "reuse" and source == trial.number == first.number
+    study.tell(mine, state=TrialState.FAIL)  # mine died without an outcome
+    study.tell(last, state=TrialState.FAIL)
+    again = _claim(study, {"B": 2})
+    assert _place(runner, again, {"B": 2}) == ("measure", None)
+
+
+def test_an_earlier_claim_waits_for_a_later_one_to_decide(storage_url):
+    """Two claims made before either decides: the earlier waits for the later, which counts
+    it and finds the budget full; only then does the earlier take the slot."""
+    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    runner = _runner(study, budget=1, values={"B": [1, 2]})
+    early, late = _claim(study, {"B": 1}), _claim(study, {"B": 2})
+    verdicts = []
+    waiting = threading.Thread(target=lambda: verdicts.append(runner._place(early, {"B": 1})), daemon=True)
+    waiting.start()
+    time.sleep(0.5)
+    assert waiting.is_alive() and not verdicts
+    assert _place(runner, late, {"B": 2}) == ("full", None)
+    study.tell(late, state=TrialState.FAIL)
+    waiting.join(10)
+    assert verdicts == [("measure", None)]
+
+
+def test_a_config_claimed_late_by_an_earlier_trial_is_not_measured_twice(storage_url):
+    """An earlier trial whose sampler was slow claims the config a later one already measures:
+    it leaves it to that one, and the later trial's slot counts against its budget."""
+    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    runner = _runner(study, budget=2, values={"B": [1, 2]})
+    slow = study.ask()
+    slow.set_user_attr("owner", studies.OWNER)
+    fast = _claim(study, {"B": 2})
+    assert _place(runner, fast, {"B": 2}) == ("measure", None)
     slow.set_user_attr("config", {"B": 2})
-    verdict, twin = runner._place(slow, {"B": 2})
-    assert verdict == "twin" and twin.number == fast.number
+    assert _place(runner, slow, {"B": 2}) == ("in flight", None)
+    runner.budget = 1
+    slow.set_user_attr("config", {"B": 1})
+    assert _place(runner, slow, {"B": 1}) == ("full", None)
+
+
+def test_a_resumed_search_spends_no_budget_on_configs_already_measured(storage_url):
+    """A search of 5, resumed with a budget of 12 by a new process whose random sampler (same
+    seed) proposes the same configs again: those are told their results at no cost, and the
+    study ends with 12 distinct configs measured."""
+    storage = studies.open_storage(storage_url)
+    values = {"A": list(range(6)), "B": list(range(6))}
+    before = set()
+    for budget in (5, 12):
+        study = optuna.create_study(study_name="s", storage=storage, load_if_exists=True,
+                                    sampler=studies.make_sampler("random", 7, values))
+        runner = _runner(study, budget, values)
+        measured = [studies.config_key(c) for c in _run(runner)]
+        assert not set(measured) & before and len(set(measured)) == len(measured)
+        before |= set(measured)
+    assert len(before) == 12 and runner.reused >= 5  # the resumed sampler replayed the first five
+    trials = study.get_trials()
+    assert sum(studies.counts_toward_budget(t) for t in trials) == 12
+    assert all(not studies.counts_toward_budget(t) for t in trials if "reused_from" in t.user_attrs)
+
+
+def test_a_study_whose_valid_configs_are_all_measured_ends_early_and_says_so():
+    check = lambda c: "B=4 breaks a rule" if c["B"] == 4 else None
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    runner = _runner(study, 10, {"B": [1, 2, 3, 4]}, check)
+    assert sorted(c["B"] for c in _run(runner)) == [1, 2, 3]
+    assert runner.ended == "all 3 valid configs measured" and runner.left() == 0
+    counts = studies.outcome_counts(study)
+    assert counts["ok"] == 3 and counts["invalid"] == runner.invalid
+
+
+def test_a_sampler_that_only_repeats_itself_is_asked_a_bounded_number_of_times():
+    """A space too large to enumerate, whose sampler proposes nothing but a measured config:
+    the study ends after max(50, 2 x budget) repeats in a row, measuring nothing, and says why."""
+    study = optuna.create_study()
+    _measured(study, {"B": 1})
+    runner = studies.StudyRunner(study, _view({"B": [1]}, enumerate_valid=False), 30, lambda c: None,
+                                 make_row=lambda config, result, number: {})
+    assert _run(runner) == [] and runner.reused == 60
+    assert runner.ended == "the sampler proposed 60 invalid or measured configs in a row"
+
+
+def test_configs_measured_under_another_prefix_are_reused(storage_url):
+    """A config measured by a study of the same target/op/backend/dtype/shape under another
+    prefix is told its result at no cost, never measured again."""
+    storage = studies.open_storage(storage_url)
+    key = "cpu:matmul:fake:fp32:16x16x16:nn"
+    old = optuna.create_study(study_name="old-" + key, storage=storage)
+    first = _measured(old, {"B": 1}, time_ms=0.5)
+    _measured(optuna.create_study(study_name="cpu:matmul:fake:fp32:116x16x16:nn", storage=storage), {"B": 2})
+    known = studies.measured_elsewhere(storage, "new-" + key, key)
+    source = f"old-{key}#{first.number}"
+    assert list(known) == [studies.config_key({"B": 1})] and known[studies.config_key({"B": 1})][0] == source
+    assert _runner(optuna.create_study(study_name="new-" + key, storage=storage), 5, {"B": [1, 2]},
+                   known=known).left() == 1
+    # Too large to enumerate, and a sampler that only proposes B=1: nothing is measured. (The
+    # new study in memory: 50 copies are 400 writes.)
+    study = optuna.create_study()
+    runner = studies.StudyRunner(study, _view({"B": [1]}, enumerate_valid=False), 1, lambda c: None,
+                                 make_row=lambda config, result, number: {}, known=known)
+    assert _run(runner) == [] and runner.reused == 50
+    copies = study.get_trials()
+    assert all(t.value == 0.5 and t.user_attrs["reused_from"] == source for t in copies) and len(copies) == 50
 
 
 def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
-    import optuna
-
-    from autotune import studies
-
-    sampler = studies.make_sampler("grid", 0, {"B": [1, 2, 3]})
+    """A dropped trial measured nothing: the grid proposes its point next, then every other once."""
+    sampler = studies.make_sampler("grid", 0, {"B": [1, 2, 3, 4, 5]})
     study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"), sampler=sampler)
     seen = []
-    for _ in range(4):
+    for _ in range(6):
         trial = study.ask()
-        seen.append(trial.suggest_categorical("B", [1, 2, 3]))
+        seen.append(trial.suggest_categorical("B", [1, 2, 3, 4, 5]))
         # the first trial is dropped (no outcome), the others are told
-        study.tell(trial, state=optuna.trial.TrialState.FAIL) if len(seen) == 1 else study.tell(trial, 1.0)
-    assert sorted(seen[1:]) == [1, 2, 3] and seen[0] in seen[1:]
+        study.tell(trial, state=TrialState.FAIL) if len(seen) == 1 else study.tell(trial, 1.0)
+    assert seen[1] == seen[0] and sorted(seen[1:]) == [1, 2, 3, 4, 5]
