@@ -97,7 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "killed and the trial recorded as timeout (default 180)")
     p.add_argument("--sampler", choices=SAMPLERS, help=f"default {SEARCH_ONLY['sampler']}")
     p.add_argument("--storage", help="Optuna RDB URL (default: experiments/tuning.db)")
-    p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
+    p.add_argument("--study-prefix", default="", help="prefix of every study name: new studies (configs measured "
+                   "under another prefix are still reused; a new --storage measures everything afresh)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
                         "or their samplers propose the same configs, copied rather than measured")
