@@ -29,7 +29,7 @@ from tqdm import tqdm
 from autotune import compile_sweep, studies
 from kernels_core.backends import BackendError
 from autotune.plan import Job, Plan, build_plan
-from kernels_core.provenance import COLUMNS as PROVENANCE, REPO, provenance, utc_now
+from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from autotune.studies import SAMPLERS, SearchError, StudyRunner
 from autotune.targets import TARGETS, TargetError
@@ -66,8 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
                    "killed and the trial recorded as timeout (default 180)")
     p.add_argument("--sampler", default="tpe", choices=SAMPLERS)
-    p.add_argument("--storage", default=f"sqlite:///{REPO / 'experiments' / 'tuning.db'}",
-                   help="Optuna RDB URL (default: experiments/tuning.db)")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///OUT/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name (start fresh studies)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
@@ -76,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every (sampled) config for --target and record registers, smem, spills; no GPU")
-    p.add_argument("--out", type=Path, default=REPO / "experiments", help="results go to OUT/<target>/")
+    p.add_argument("--out", type=Path, default=Path("experiments"), help="results go to OUT/<target>/ (default: experiments)")
     args = p.parse_args(argv)
     if args.trials is not None and args.trials < 1:
         p.error("--trials must be >= 1")
@@ -84,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--workers must be >= 1")
     if args.timeout <= 0:
         p.error("--timeout must be > 0")
+    args.storage = args.storage or f"sqlite:///{args.out / 'tuning.db'}"  # one --out root holds every output
     return args
 
 

@@ -24,10 +24,11 @@ TINY_TRITON = dict(backend="triton", hidden=16, layers=1, batch_size=16, steps=2
 def test_cli_end_to_end_writes_csv_and_summary(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "trainer.run", "--backend", "torch", "--steps", "50", "--hidden", "64",
-         "--out", str(tmp_path), "--no-progress"],
+         "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr, "a progress bar redrawn into a captured log"
     csvs = list((tmp_path / "runs").glob("*_torch_h64.csv"))
     assert len(csvs) == 1
     steps = pd.read_csv(csvs[0])
