@@ -43,7 +43,7 @@ train_module = importlib.import_module("trainer.train")  # the module; `trainer.
 ])
 def test_bad_flags_exit_2_with_one_line_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(argv)
+        from_args(argv)  # what main() parses with, without training if a value slipped through
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     last = err.splitlines()[-1]
@@ -79,11 +79,12 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 
 
 def test_a_model_too_large_for_memory_is_refused_in_one_line(tmp_path, capsys):
-    # 784 x 3e6 + 3e6 x 3e6 weights: 36 TB in fp32 alone; refused before anything is allocated.
-    code = main(["--hidden", "3000000", "--out", str(tmp_path), "--no-progress"])
+    # 795e12 parameters, 12 PB in fp32: refused before anything is allocated (and were the check
+    # gone, the first layer's allocation would fail at once instead of filling this machine's memory).
+    code = main(["--hidden", str(10**12), "--layers", "1", "--out", str(tmp_path), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert err.startswith("error: --hidden 3000000 --layers 2 does not fit: its 9,002,388,000,010 parameters")
+    assert err.startswith(f"error: --hidden {10**12} --layers 1 does not fit: its 795,000,000,000,010 parameters")
 
 
 def test_the_memory_bound_is_the_fp32_state(tmp_path, monkeypatch):
@@ -97,9 +98,14 @@ def test_the_memory_bound_is_the_fp32_state(tmp_path, monkeypatch):
     assert train_module.train(config).steps == 1
 
 
-def test_out_of_memory_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                 "you tried to allocate 16000000000000 bytes. Error code 12 (Cannot allocate memory)"),
+])
+def test_out_of_memory_during_the_run_is_one_line(error, tmp_path, monkeypatch, capsys):
     def oom(config, device):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        raise error
 
     monkeypatch.setattr(train_module, "make_backend", oom)
     code = main(["--steps", "1", "--out", str(tmp_path), "--no-progress"])

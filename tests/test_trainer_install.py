@@ -56,12 +56,13 @@ def test_wheel_installs_a_trainer_that_runs_from_any_directory(tmp_path):
     assert not list((venv / "lib").glob("python*/site-packages/experiments")), "wrote into site-packages"
 
 
-def _stub_python(bin_dir: Path, missing: str, log: Path) -> Path:
-    """A python3 on which `import <missing>` fails and `-m pip` only logs what it was asked."""
+def _stub_python(bin_dir: Path, missing: list[str], log: Path) -> Path:
+    """A python3 on which importing one of `missing` fails and `-m pip` only logs what it was asked."""
     stub = bin_dir / "python3"
+    cases = "|".join(f'"import {m}"' for m in missing)
     stub.write_text(f"""#!/bin/sh
 if [ "$1" = "-m" ]; then echo "$@" >> {log}; exit 0; fi
-case "$2" in "import {missing}") exit 1;; esac
+case "$2" in {cases}) exit 1;; esac
 exit 0
 """)
     stub.chmod(0o755)
@@ -74,7 +75,7 @@ def test_setup_on_a_cpu_machine_neither_installs_nor_mentions_cupy(tmp_path):
     for tool in ("tr", "dirname"):  # what setup.sh runs besides python; no nvidia-smi: no GPU
         (bin_dir / tool).symlink_to(shutil.which(tool))
     log = tmp_path / "pip.log"
-    stub = _stub_python(bin_dir, "tqdm", log)
+    stub = _stub_python(bin_dir, ["tqdm", "cupy"], log)  # a CPU machine has no CuPy, and needs none
     result = subprocess.run([shutil.which("bash"), str(REPO / "scripts" / "setup.sh")], capture_output=True,
                             text=True, env={"PATH": str(bin_dir), "PYTHON": str(stub)}, timeout=60)
     assert result.returncode == 0, result.stderr
