@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Make the current python3 ready to run the lab from this checkout (use a virtual environment
-# unless this python is yours to change: see the README's Install section).
+# unless this python is yours to change: see the README's "Two commands").
 # - Everything already importable (the GPU machine's image, a second run): installs nothing.
 # - No NVIDIA GPU: takes the CPU build of torch from PyTorch's CPU index (PyPI's Linux torch is
-#   the CUDA build, about 5.7 GB with its libraries), then the rest of the dependencies.
+#   the CUDA build, about 5.7 GB with its libraries; pinned: the lab's CI machine keeps that wheel
+#   on disk), then the rest of the dependencies.
 # - With a GPU: also CuPy, for the CUDA major version torch was built with.
 set -euo pipefail
 cd "$(dirname "$0")/.."

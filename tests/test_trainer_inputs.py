@@ -145,6 +145,18 @@ def test_ctrl_c_mid_segment_keeps_the_steps_so_far(tmp_path, monkeypatch, capsys
     assert steps["step"].tolist() == list(range(1, 27)) and steps["loss"].notna().all()
 
 
+def test_ctrl_c_during_setup_is_one_line(tmp_path, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "load_mnist", interrupted)
+    try:
+        code = main(["--steps", "5", "--out", str(tmp_path), "--no-progress"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped trainer.run.main as a traceback")
+    assert code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
 def test_sigint_to_a_running_trainer(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.run", "--steps", "1000000", "--hidden", "64", "--out", str(tmp_path)],

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        print(f"{e or 'interrupted'}", file=sys.stderr)
+        print(str(e) or "interrupted", file=sys.stderr)
         return 130
     except RuntimeError as e:
         if not _out_of_memory(e):
