@@ -32,7 +32,7 @@ from tqdm import tqdm
 from autotune import compile_sweep, studies
 from kernels_core.backends import BackendError
 from autotune.plan import Job, Plan, build_plan
-from kernels_core.provenance import COLUMNS as PROVENANCE, REPO, provenance, utc_now
+from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from autotune.studies import SAMPLERS, SearchError, StudyRunner
 from autotune.targets import TARGETS, TargetError
@@ -43,11 +43,10 @@ from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
 
 DEFAULT_TRIALS = 50
-DEFAULT_STORAGE = f"sqlite:///{REPO / 'experiments' / 'tuning.db'}"
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
 SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
-               "sampler": "tpe", "storage": DEFAULT_STORAGE}
+               "sampler": "tpe", "storage": None}  # storage: OUT/tuning.db
 
 
 def _seconds(text: str) -> float:
@@ -96,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
                    "killed and the trial recorded as timeout (default 180)")
     p.add_argument("--sampler", choices=SAMPLERS, help=f"default {SEARCH_ONLY['sampler']}")
-    p.add_argument("--storage", help="Optuna RDB URL (default: experiments/tuning.db)")
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///OUT/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name: new studies (configs measured "
                    "under another prefix are still reused; a new --storage measures everything afresh)")
     p.add_argument("--seed", type=int, default=0,
@@ -107,7 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-only", action="store_true",
                    help="compile every (sampled) config for --target and record registers, smem, spills; no GPU, "
                         "no study, no shapes")
-    p.add_argument("--out", type=Path, default=REPO / "experiments", help="results go to OUT/<target>/")
+    p.add_argument("--out", type=Path, default=Path("experiments"),
+                   help="results go to OUT/<target>/, the Optuna storage to OUT/tuning.db (default: experiments)")
     args = p.parse_args(argv)
     if args.trials is not None and args.trials < 1:
         p.error("--trials must be >= 1")
@@ -120,6 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, default in SEARCH_ONLY.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    args.storage = args.storage or f"sqlite:///{args.out / 'tuning.db'}"  # one --out root holds every output
     return args
 
 

@@ -4,31 +4,58 @@ On a machine with a CUDA GPU:
   1. tune the kernels the default MLP runs (`autotune.search --workload mnist-mlp`,
      a short budget per study) for both twins;
   2. train the default MLP on each backend (cuda, triton, torch) on the tuned
-     configs and print one summary table.
+     configs.
 Without a GPU nothing can be timed, so it does what a CPU can and says what it skipped:
   1. compiles the kernels' search spaces offline for sm_90 (`--compile-only`),
      recording registers, shared memory and spills under experiments/runs/quickstart/;
   2. trains with the torch backend on the CPU, and with the Triton backend under
      the Triton interpreter on a few steps of a small model.
-Each step is the CLI a user would type, printed before it runs.
+Each step is the CLI a user would type, printed before it runs. The summary at
+the end says where every output went, each training run's accuracy and step
+time, and the command to try next.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from trainer.config import Config
+from trainer.data import SPECS
+
+OUT = Path(Config.out)  # the tools' default --out, under the working directory
+
 
 def run(cmd: list[str], results: list) -> bool:
+    """Runs one CLI; a trainer run's summary (its JSON) goes with its result."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
+    before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
     ok = subprocess.run(cmd).returncode == 0
-    results.append((shlex.join(cmd[2:]), "ok" if ok else "FAILED", time.time() - t0))
+    new = sorted(set((OUT / "runs").glob("*.json")) - before)
+    summary = json.loads(new[-1].read_text())["summary"] if ok and new else None
+    results.append((shlex.join(cmd[2:]), "ok" if ok else "FAILED", time.time() - t0, summary))
     return ok
+
+
+def summary_lines(results: list, outputs: list[str], skipped: list[str], next_cmd: str) -> list[str]:
+    lines = ["", "=== quickstart summary ==="]
+    lines += [f"{status:7} {seconds:7.1f}s  {cmd}" for cmd, status, seconds, _ in results]
+    trained = [s for _, _, _, s in results if s]
+    if trained:
+        lines += ["", "training runs (step time: median; the CSV has every step's loss and time):"]
+        lines += [f"  {s['backend']:6} H={s['hidden']:<5} {s['steps']:5} steps  test accuracy {s['test_accuracy']:7.2%}  "
+                  f"step {s['median_step_us'] / 1e3:9.2f} ms  {s['csv']}" for s in trained]
+    lines += [""] + [f"outputs: {o}" for o in outputs]
+    lines += [f"skipped: {item}" for item in skipped]
+    lines += [f"next:    {next_cmd}"]
+    return lines
 
 
 def main(argv=None) -> int:
@@ -38,11 +65,16 @@ def main(argv=None) -> int:
     py = sys.executable
     results: list = []
     skipped: list[str] = []
+    outputs = [f"{OUT / 'runs'}/ (one CSV of steps and one JSON summary per training run)"]
     if torch.cuda.is_available():
         run([py, "-m", "autotune.search", "--workload", "mnist-mlp", "--backends", "cuda,triton",
              "--trials", str(args.trials)], results)
         for backend in ("cuda", "triton", "torch"):
             run([py, "-m", "trainer.run", "--backend", backend], results)
+        outputs.insert(0, f"{OUT}/<target>/trials.csv and best.json (the tuned configs the trainer used), "
+                          f"{OUT}/tuning.db (Optuna)")
+        next_cmd = ("python -m experiments.compare --protocol default --dtype fp32 --quick "
+                    "(every variant's step time against torch, a few minutes)")
     else:
         skipped = [
             "timing any kernel and tuning (no CUDA GPU: only offline compilation was done)",
@@ -50,19 +82,22 @@ def main(argv=None) -> int:
             "the full-size triton training run (the Triton interpreter is far too slow for it)",
         ]
         # Not into experiments/sm_90/, which holds the H200's own trials and winners.
+        quick = OUT / "runs" / "quickstart"
         run([py, "-m", "autotune.search", "--compile-only", "--target", "sm_90",
              "--ops", "matmul,relu,softmax_cross_entropy", "--backends", "cuda,triton", "--trials", "4",
-             "--out", "experiments/runs/quickstart"], results)
+             "--out", str(quick)], results)
         run([py, "-m", "trainer.run", "--backend", "torch", "--epochs", "2"], results)
         run([py, "-m", "trainer.run", "--backend", "triton", "--hidden", "32", "--batch-size", "32",
              "--steps", "30"], results)
+        outputs.insert(0, f"{quick / 'sm_90' / 'trials.csv'} (registers, shared memory and spills per config)")
+        torch_run = next((s for _, _, _, s in results if s and s["backend"] == "torch"), None)
+        default = Config()
+        steps = default.epochs * (SPECS["train_images"].count // default.batch_size)
+        minutes = f", about {steps * torch_run['median_step_us'] / 60e6:.0f} min here" if torch_run else ""
+        next_cmd = f"python -m trainer.run --backend torch (the full default run: {default.epochs} epochs{minutes})"
 
-    print("\n=== quickstart summary ===")
-    for cmd, status, seconds in results:
-        print(f"{status:7} {seconds:7.1f}s  {cmd}")
-    for item in skipped:
-        print(f"skipped: {item}")
-    return 0 if all(status == "ok" for _, status, _ in results) else 1
+    print("\n".join(summary_lines(results, outputs, skipped, next_cmd)))
+    return 0 if all(status == "ok" for _, status, _, _ in results) else 1
 
 
 if __name__ == "__main__":

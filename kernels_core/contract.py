@@ -25,7 +25,12 @@ whole training step can be captured in a CUDA graph):
     softmax_cross_entropy(logits, labels, *, out_grad=None, config=None)
         -> (loss, dlogits): loss is the mean over rows (0-dim float32 tensor),
         dlogits = (softmax(logits) - onehot(labels)) / M in logits' dtype;
-        labels int64 [M]
+        labels int64 [M] in [0, N). The op cannot raise on a label outside
+        that range without a sync (torch's cross_entropy does raise), so
+        instead: that row's loss is NaN (so the mean is NaN), its dlogits
+        row is softmax / M, and the kernel records the label in the
+        device's `label_flag`; `check_labels(device)` raises LabelError at
+        a sync the caller chooses (the trainer: once per segment of steps).
     sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0,
                weight_decay=0.0, config=None) -> None
         torch.optim.SGD's rule (dampening 0, no Nesterov), in place, over
@@ -33,6 +38,9 @@ whole training step can be captured in a CUDA graph):
         (None when momentum == 0)
 
 and `space(op, dtype) -> Space` (dtype "fp32", "fp16" or "bf16").
+
+`label_flag` and `check_labels` below are the one flag both twins'
+softmax_cross_entropy kernels write.
 """
 from __future__ import annotations
 
@@ -188,6 +196,48 @@ def softmax_cross_entropy_args(logits, labels) -> tuple[int, int]:
     if classes == 0 and rows > 0:
         raise ValueError("logits: has no classes (shape [M, 0])")
     return rows, classes
+
+
+class LabelError(ValueError):
+    """softmax_cross_entropy met a label outside [0, N); raised by check_labels."""
+
+
+_label_flags: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _device_key(device: torch.device) -> tuple[str, int | None]:
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" name one flag
+        return "cuda", torch.cuda.current_device()
+    return device.type, device.index
+
+
+def label_flag(device: torch.device) -> torch.Tensor:
+    """int64 [3] on `device`: zeros, or (1, a label, N) once softmax_cross_entropy
+    met a label outside [0, N) there (rows racing to write it all write a bad
+    label and the same N). Allocated on the first call and never freed, so a
+    CUDA graph that captured a write to it keeps a valid pointer."""
+    key = _device_key(device)
+    if key not in _label_flags:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Allocated inside a capture, its zeroing would be recorded, not run.
+            raise RuntimeError("softmax_cross_entropy: call it once on this device before capturing a "
+                               "CUDA graph (the first call allocates its label flag)")
+        _label_flags[key] = torch.zeros(3, dtype=torch.int64, device=device)
+    return _label_flags[key]
+
+
+def check_labels(device: torch.device) -> None:
+    """Raises LabelError if softmax_cross_entropy met a label outside [0, N) on
+    `device` since the last check, and clears the flag. Reads the flag from
+    the device: a sync, so call it where the caller waits anyway."""
+    flag = _label_flags.get(_device_key(device))
+    if flag is None:
+        return
+    seen, label, classes = flag.tolist()
+    if seen:
+        flag.zero_()
+        raise LabelError(f"labels: softmax_cross_entropy was given label {label}, outside [0, {classes}) "
+                         "(its row's loss is NaN); every label must name one of the logits' columns")
 
 
 def matrix_layout(t: torch.Tensor, transposed: bool) -> tuple[torch.Tensor, bool, int]:

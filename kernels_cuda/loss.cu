@@ -27,12 +27,13 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 // shuffle and a shared-memory step merge them; pass 2 re-reads the row
 // (from L2/L1 for any row that fits) and writes the gradient. Traffic is
 // 2 reads + 1 write of M * N * elt bytes, about 3 exps per element. A label
-// outside [0, ncols) cannot raise from the device: its row's loss is NaN and
-// its gradient is the plain softmax / M.
+// outside [0, ncols) cannot raise from the device: its row's loss is NaN, its
+// gradient is the plain softmax / M, and (1, label, ncols) goes to `flag`
+// (kernels_core.contract.label_flag), which the host reads at its next sync.
 template <int DT, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
 softmax_xent_kernel(const typename Elt<DT>::T* logits, const i64* labels, float* loss,
-                    typename Elt<DT>::T* dlogits, i64 ncols, float inv_rows) {
+                    typename Elt<DT>::T* dlogits, i64* flag, i64 ncols, float inv_rows) {
     typedef Elt<DT> E;
     typedef Pack<typename E::T, VEC> P;
     constexpr int WARPS = THREADS / 32;
@@ -81,6 +82,11 @@ softmax_xent_kernel(const typename Elt<DT>::T* logits, const i64* labels, float*
     if (threadIdx.x == 0) {
         float row_loss = valid ? m + logf(s) - E::load(x[label]) : __int_as_float(0x7fc00000);
         atomicAdd(loss, row_loss * inv_rows);
+        if (!valid) {  // racing rows all write a bad label and the same ncols
+            flag[0] = 1;
+            flag[1] = label;
+            flag[2] = ncols;
+        }
     }
 }
 

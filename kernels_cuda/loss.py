@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels_core.contract import dtype_name, output, softmax_cross_entropy_args
+from kernels_core.contract import dtype_name, label_flag, output, softmax_cross_entropy_args
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -40,8 +40,8 @@ def softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
     dtype = dtype_name(logits.dtype)
     rt.launch(softmax_xent_variant(dtype, cfg, vec), dev, (nrows, 1, 1),
               (32 * cfg["num_warps"], 1, 1),
-              (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(grad), rt.i64(ncols),
-               rt.f32(1.0 / nrows)), for_=rt.tag("softmax_cross_entropy", dtype, cfg))
+              (rt.ptr(logits), rt.ptr(labels), rt.ptr(loss), rt.ptr(grad), rt.ptr(label_flag(logits.device)),
+               rt.i64(ncols), rt.f32(1.0 / nrows)), for_=rt.tag("softmax_cross_entropy", dtype, cfg))
     if grad is not out_grad:
         out_grad.copy_(grad)
     return loss, out_grad

@@ -15,7 +15,9 @@ cache, so a row costs one trip to DRAM each way. All arithmetic is fp32.
 The mean loss needs every row: each program adds row_loss / M into a zeroed
 0-dim output with an atomic, so no second kernel and no host sync is needed
 (the order of the adds, and so the last bits, may vary). A label outside
-[0, C) is not checked on the host (that would sync); its row's loss is NaN.
+[0, C) is not checked on the host (that would sync): its row's loss is NaN,
+its gradient the plain softmax / M, and the program writes the label to the
+contract's label flag, which `check_labels` reads at the caller's next sync.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from . import _runtime as rt
 
 @triton.jit
 def _softmax_ce_kernel(
-    z_ptr, labels_ptr, grad_ptr, loss_ptr,
+    z_ptr, labels_ptr, grad_ptr, loss_ptr, flag_ptr,
     C, stride_zm, stride_zc, stride_gm, stride_gc, stride_label, inv_m,
     BLOCK_N: tl.constexpr,
 ):
@@ -58,6 +60,10 @@ def _softmax_ce_kernel(
     in_range = (label >= 0) & (label < C)
     target = tl.load(z_row + label * stride_zc, mask=in_range, other=float("nan")).to(tl.float32)
     tl.atomic_add(loss_ptr, (lse - target) * inv_m)
+    out_of_range = (label < 0) | (label >= C)
+    tl.store(flag_ptr, 1, mask=out_of_range)
+    tl.store(flag_ptr + 1, label, mask=out_of_range)
+    tl.store(flag_ptr + 2, C, mask=out_of_range)
 
     for c0 in range(0, C, BLOCK_N):
         c = c0 + cols
@@ -88,6 +94,7 @@ def plan_softmax_cross_entropy(logits, labels, *, out_grad=None, config=None):
     loss = torch.zeros((), dtype=torch.float32, device=logits.device)
     args = dict(
         z_ptr=logits, labels_ptr=labels, grad_ptr=out_grad, loss_ptr=loss,
+        flag_ptr=contract.label_flag(logits.device),
         C=C, stride_zm=logits.stride(0), stride_zc=logits.stride(1),
         stride_gm=out_grad.stride(0), stride_gc=out_grad.stride(1), stride_label=labels.stride(0),
         inv_m=1.0 / M,

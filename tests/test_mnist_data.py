@@ -1,14 +1,15 @@
-"""The MNIST loader: the vendored files load, and broken copies are refused by name."""
+"""The MNIST loader: the packaged files load, and broken copies are refused by name."""
 from __future__ import annotations
 
 import gzip
 import shutil
 import struct
+import tracemalloc
 
 import pytest
 import torch
 
-from trainer.data import DEFAULT_DIR, SPECS, DeviceBatches, MnistDataError, load_mnist, read_mnist
+from trainer.data import DEFAULT_DIR, SPECS, DeviceBatches, MnistDataError, load_mnist, read_idx, read_mnist
 
 
 def test_vendored_files_load_with_expected_counts_and_shapes():
@@ -103,3 +104,30 @@ def test_batches_follow_a_seeded_permutation_per_epoch():
     a.new_epoch()
     xs, ys, slot = a.next()
     assert slot.item() == 0 and torch.equal(xs[:, 0], 2 * ys.float())
+
+
+def test_gzip_bomb_is_refused_without_inflating_it(tmp_path):
+    # A valid label header followed by 64 MiB of zeros: 64 KB on disk. Decompressing it whole
+    # would hold 64 MiB; reading stops one byte past the 10,008 bytes the header announces.
+    spec = SPECS["test_labels"]
+    path = tmp_path / f"{spec.name}.gz"
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(struct.pack(">II", spec.magic, spec.count))
+        zeros = bytes(1 << 20)
+        for _ in range(64):
+            f.write(zeros)
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(MnistDataError) as err:
+            read_idx(path, spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(err.value) == f"{path}: longer than the 10008 bytes its header announces (decompression stopped there)"
+    assert peak < 4 << 20, f"{peak} bytes allocated while reading a 10 KB file"
+
+
+def test_one_byte_too_many_is_refused(tmp_path):
+    path = _copy_with(tmp_path, LABELS, raw=_raw(LABELS) + b"\0")
+    _refused(tmp_path, path, "longer than the 10008 bytes")

@@ -11,10 +11,13 @@ given explicitly on the command line win over it.
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from dataclasses import dataclass
 
+from autotune.targets import TARGETS
 from kernels_core.backends import BUILTIN
-from trainer.data import DEFAULT_DIR
+from trainer.data import DEFAULT_DIR, SPECS
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -28,13 +31,13 @@ class Config:
     layers: int = 2  # hidden layers; the net has layers + 1 matmuls
     batch_size: int = 128
     epochs: int = 10
-    steps: int = 0  # > 0 overrides epochs: train exactly this many steps
+    steps: int | None = None  # overrides epochs: train exactly this many steps
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
     dtype: str = "fp32"  # fp16/bf16: low-precision matmuls, fp32 master weights
     seed: int = 0
-    tuned_configs: str | None = None  # store for cuda/triton; None: experiments/<target>/best.json if it exists; "none": defaults
+    tuned_configs: str | None = None  # store for cuda/triton; None: <out>/<target>/best.json if it exists; "none": defaults
     target: str = "auto"
     allow_default_configs: bool = False
     data_dir: str = str(DEFAULT_DIR)
@@ -60,13 +63,33 @@ class Config:
         for name in ("hidden", "layers", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.steps < 0 or (self.epochs < 1 and self.steps == 0):
-            raise ValueError("need epochs >= 1 or steps >= 1")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.steps is None and self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0 (0: each epoch's end), got {self.eval_every}")
-        if self.train_subset < 0 or 0 < self.train_subset < self.batch_size:
-            raise ValueError(f"train_subset must be 0 (all) or at least one batch ({self.batch_size}), "
+        # Checked here, once, for every backend: torch.optim.SGD lets NaN through and
+        # raises on a negative lr, and the kernel backends would train on anything.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:  # False for NaN too
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+        images = SPECS["train_images"].count
+        if not 0 <= self.train_subset <= images:
+            raise ValueError(f"train_subset must be 0 (all) or 1..{images} (the training set's size), "
                              f"got {self.train_subset}")
+        if self.batch_size > (self.train_subset or images):
+            raise ValueError(f"batch_size {self.batch_size} is larger than the training set "
+                             f"({self.train_subset or images} images)")
+        if self.target != "auto" and self.target not in TARGETS:
+            raise ValueError(f"target {self.target!r} is not auto or one of {', '.join(TARGETS)}")
+        if self.backend == "torch" and (self.tuned_configs is not None or self.allow_default_configs
+                                        or self.target != "auto"):
+            raise ValueError("--tuned-configs, --allow-default-configs and --target choose kernel configs of the "
+                             "cuda/triton backends; the torch backend has none")
 
 
 PRESETS: dict[str, dict] = {
@@ -80,25 +103,30 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
     # Flags default to None so that only flags given explicitly override a preset.
     p.add_argument("--preset", choices=sorted(PRESETS), help="named bundle of settings; explicit flags win")
-    p.add_argument("--backend", choices=BACKENDS, help=f"default {d.backend}")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help=f"default {d.backend}; cuda needs an NVIDIA GPU; triton without a GPU runs in the Triton "
+                        "interpreter, about 9.5 s per step at the default size (use e.g. --hidden 32 --steps 30)")
     p.add_argument("--hidden", type=int, help=f"hidden width H (default {d.hidden})")
     p.add_argument("--layers", type=int, help=f"hidden layers L (default {d.layers})")
     p.add_argument("--batch-size", type=int, help=f"default {d.batch_size}")
     run_len = p.add_mutually_exclusive_group()
     run_len.add_argument("--epochs", type=int, help=f"default {d.epochs}")
-    run_len.add_argument("--steps", type=int, help="train exactly this many steps instead of whole epochs")
-    p.add_argument("--lr", type=float, help=f"default {d.lr}")
-    p.add_argument("--momentum", type=float, help=f"default {d.momentum}")
-    p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
+    run_len.add_argument("--steps", type=int, help="train exactly this many steps (>= 1) instead of whole epochs")
+    p.add_argument("--lr", type=float, help=f"> 0 (default {d.lr})")
+    p.add_argument("--momentum", type=float, help=f"in [0, 1) (default {d.momentum})")
+    p.add_argument("--weight-decay", type=float, help=f">= 0 (default {d.weight_decay})")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help=f"default {d.dtype}")
     p.add_argument("--seed", type=int, help=f"default {d.seed}")
     p.add_argument("--tuned-configs", help="tuned config store (JSON) for the cuda/triton kernels "
-                                     "(default experiments/<target>/best.json if it exists; 'none': default configs)")
-    p.add_argument("--target", help=f"target the configs were tuned for (default {d.target}: the local GPU)")
+                                     "(default <out>/<target>/best.json if it exists; 'none': default configs)")
+    p.add_argument("--target", help=f"cuda/triton: target the configs were tuned for, auto or one of "
+                                    f"{', '.join(TARGETS)} (default {d.target}: the local GPU, cpu without one)")
     p.add_argument("--allow-default-configs", action="store_const", const=True,
                    help="if the config store is invalid, warn and run on default configs")
-    p.add_argument("--data-dir", help="directory of the MNIST IDX .gz files (default data/mnist)")
-    p.add_argument("--train-subset", type=int, help="train on the first N images only")
+    p.add_argument("--data-dir", help="directory of the MNIST IDX .gz files (default: the copy installed "
+                                      "with the trainer, trainer/mnist)")
+    p.add_argument("--train-subset", type=int,
+                   help=f"train on the first N images only, 1..{SPECS['train_images'].count} (default: all)")
     p.add_argument("--out", help=f"output root; runs go to <out>/runs/ (default {d.out})")
     p.add_argument("--no-graph", dest="graph", action="store_const", const=False,
                    help="cuda/triton: launch eagerly instead of replaying one CUDA graph per step")
@@ -107,7 +135,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-graph", action="store_const", const=True,
                    help="torch backend: capture the whole step (forward, backward, SGD) in a CUDA graph")
     p.add_argument("--eval-every", type=int, help="steps between test evaluations (default: every epoch)")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                   help="no progress bar (the default when stderr is not a terminal, e.g. a log file)")
     return p
 
 
@@ -119,6 +148,8 @@ def from_args(argv: list[str] | None = None) -> Config:
     if "epochs" in given:  # --epochs on top of a --steps preset means whole epochs
         values.pop("steps", None)
     values.update(given)
+    # A bar redrawn with carriage returns is noise in a captured log.
+    values.setdefault("progress", sys.stderr.isatty())
     try:
         return Config(**values)
     except ValueError as e:

@@ -1,10 +1,13 @@
 """MNIST from the vendored IDX files, checked byte for byte, kept on the device.
 
-The four gzip files under data/mnist/ are the original distribution. Before a
-single pixel is used, each is decompressed and checked against what the
-README promises (magic number, count, dimensions, size and MD5 of the
-uncompressed bytes), so a truncated download or a swapped file fails loudly,
-naming the file and the problem, instead of training on garbage.
+The four gzip files under trainer/mnist/ (package data: an installed trainer
+finds them too) are the original distribution. Before a single pixel is used,
+each is decompressed and checked against what the README promises (magic
+number, count, dimensions, size and MD5 of the uncompressed bytes), so a
+truncated download or a swapped file fails loudly, naming the file and the
+problem, instead of training on garbage. The header is read first and fixes
+the size, and no more than one byte past it is ever decompressed, so a small
+file that inflates to gigabytes costs no more memory than the real one.
 
 Batches are gathered on the device from a device-resident copy of the
 training set, through an epoch permutation and a step counter that also live
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "mnist"
+DEFAULT_DIR = Path(__file__).resolve().parent / "mnist"
 MEAN, STD = 0.1307, 0.3081
 
 
@@ -53,32 +56,40 @@ SPECS = {
 def read_idx(path: Path, spec: IdxSpec) -> np.ndarray:
     """The checked contents of one gzip'd IDX file, as uint8 [count, *dims]."""
     if not path.is_file():
-        raise MnistDataError(f"{path}: missing (expected the gzip of {spec.name}; see data/mnist/README.md)")
+        raise MnistDataError(f"{path}: missing (expected the gzip of {spec.name}; see {DEFAULT_DIR / 'README.md'})")
+    header = 4 * (2 + len(spec.dims))
     try:
-        raw = gzip.decompress(path.read_bytes())
+        with gzip.open(path, "rb") as f:
+            head = f.read(header)
+            if len(head) < header:
+                raise MnistDataError(f"{path}: truncated: {len(head)} bytes uncompressed, "
+                                     f"shorter than the {header}-byte header")
+            magic, count, *dims = struct.unpack(f">{2 + len(spec.dims)}I", head)
+            if magic != spec.magic:
+                raise MnistDataError(f"{path}: wrong magic number {magic}, expected {spec.magic} for {spec.name}")
+            if count != spec.count or tuple(dims) != spec.dims:
+                raise MnistDataError(
+                    f"{path}: header says {count} items of {tuple(dims)}, expected {spec.count} of {spec.dims}"
+                )
+            # The header's counts fix the size; one byte more tells a longer stream, unread beyond it.
+            body = f.read(spec.size - header + 1)
     except EOFError as e:
         raise MnistDataError(f"{path}: truncated gzip stream ({e})") from e
     except (OSError, zlib.error) as e:
         raise MnistDataError(f"{path}: not a valid gzip file ({e})") from e
 
-    header = 4 * (2 + len(spec.dims))
-    if len(raw) < header:
-        raise MnistDataError(f"{path}: truncated: {len(raw)} bytes uncompressed, shorter than the {header}-byte header")
-    magic, count, *dims = struct.unpack(f">{2 + len(spec.dims)}I", raw[:header])
-    if magic != spec.magic:
-        raise MnistDataError(f"{path}: wrong magic number {magic}, expected {spec.magic} for {spec.name}")
-    if count != spec.count or tuple(dims) != spec.dims:
-        raise MnistDataError(
-            f"{path}: header says {count} items of {tuple(dims)}, expected {spec.count} of {spec.dims}"
-        )
-    if len(raw) < spec.size:
-        raise MnistDataError(f"{path}: truncated: {len(raw)} bytes uncompressed, expected {spec.size}")
-    if len(raw) > spec.size:
-        raise MnistDataError(f"{path}: {len(raw) - spec.size} unexpected trailing bytes (size {len(raw)}, expected {spec.size})")
-    digest = hashlib.md5(raw).hexdigest()
+    size = header + len(body)
+    if size < spec.size:
+        raise MnistDataError(f"{path}: truncated: {size} bytes uncompressed, expected {spec.size}")
+    if size > spec.size:
+        raise MnistDataError(f"{path}: longer than the {spec.size} bytes its header announces "
+                             "(decompression stopped there)")
+    md5 = hashlib.md5(head)
+    md5.update(body)
+    digest = md5.hexdigest()
     if digest != spec.md5:
         raise MnistDataError(f"{path}: checksum mismatch: MD5 of the uncompressed bytes is {digest}, expected {spec.md5}")
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(spec.count, *spec.dims)
+    return np.frombuffer(body, dtype=np.uint8).reshape(spec.count, *spec.dims)
 
 
 @functools.lru_cache(maxsize=4)

@@ -19,6 +19,7 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,17 +29,26 @@ from tqdm import tqdm
 
 from kernels_core.provenance import provenance
 from kernels_core.timing import Timing, bench, bench_graph
-from kernels_core.contract import DTYPES
+from kernels_core.contract import DTYPES, check_labels
 from trainer.backends import make_backend, pick_device
 from trainer.config import Config
 from trainer.data import DeviceBatches, load_mnist
 from trainer.stepper import Stepper, StepTimer
+from trainer.torch_backend import CLASSES, IN_FEATURES
 
 TARGET_ACCURACY = 0.98
 
 
 class Diverged(RuntimeError):
     """The loss became NaN (or infinite); the message names the step."""
+
+
+class RunError(RuntimeError):
+    """The run cannot start (outputs, memory); the message names the flag to change."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the steps before it are in the run's CSV, which the message names."""
 
 
 @dataclass
@@ -91,8 +101,40 @@ def _eval_every(config: Config, steps_per_epoch: int) -> int:
     return max(1, math.ceil(config.steps / 10)) if config.steps else steps_per_epoch
 
 
+def _available_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None  # not Linux: an allocation that fails still ends in one line (trainer.run)
+
+
+def check_fits(config: Config, device: torch.device) -> None:
+    """Refuses a model whose fp32 state alone exceeds the device's free memory.
+
+    A lower bound: weights, gradients, the warm-up snapshot and (with momentum)
+    the momentum buffers, 4 bytes each per parameter, nothing else. On a CPU
+    this must be checked before allocating: Linux hands out more memory than
+    it has, and touching it ends in the OOM killer rather than an error.
+    """
+    h = config.hidden
+    params = (IN_FEATURES + 1) * h + (config.layers - 1) * (h + 1) * h + (h + 1) * CLASSES
+    need = params * 4 * (3 + (config.momentum > 0))
+    free = _available_bytes(device)
+    if free is not None and need > free:
+        raise RunError(f"--hidden {h} --layers {config.layers} does not fit: its {params:,} parameters need at least "
+                       f"{need / 2**30:.1f} GiB (fp32 weights, gradients, momentum, a snapshot), "
+                       f"{device.type} has {free / 2**30:.1f} GiB free")
+
+
 def _build(config: Config):
     device = pick_device(config)
+    check_fits(config, device)
     data = load_mnist(config.data_dir, device, DTYPES[config.dtype], config.train_subset)
     backend, configs = make_backend(config, device)
     batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
@@ -105,9 +147,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run_path(config: Config) -> Path:
+def _runs_dir(config: Config) -> Path:
+    """<out>/runs, made and shown writable before minutes of setup are spent."""
     runs = Path(config.out) / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=runs):
+            pass
+    except OSError as e:
+        raise RunError(f"--out {config.out}: cannot write {runs} ({e.strerror or e})") from e
+    return runs
+
+
+def _run_path(runs: Path, config: Config) -> Path:
     stem = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}_{config.backend}_h{config.hidden}"
     path, n = runs / f"{stem}.csv", 1
     while path.exists():  # two runs in one second keep both files
@@ -117,6 +169,7 @@ def _run_path(config: Config) -> Path:
 
 
 def train(config: Config) -> Summary:
+    runs = _runs_dir(config)
     device, data, backend, configs, batches, stepper = _build(config)
     spe = batches.steps_per_epoch
     total = config.steps or config.epochs * spe
@@ -130,7 +183,7 @@ def train(config: Config) -> Summary:
     if configs is not None:
         print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
 
-    csv_path = _run_path(config)
+    csv_path = _run_path(runs, config)
     timer = StepTimer(device, spe)
     step, train_seconds, to_98, acc = 0, 0.0, None, float("nan")
     all_times: list[float] = []
@@ -139,6 +192,21 @@ def train(config: Config) -> Summary:
                                                     desc=f"{config.backend} h{config.hidden}") as bar:
         out = csv.writer(f)
         out.writerow(["step", "epoch", "loss", "step_time_us"])
+
+        def record(begin: int, end: int) -> tuple[list[float], list[float]]:
+            """Writes slots [begin, end) of this epoch to the CSV; after a device sync."""
+            # A label the loss kernels could not use makes the loss NaN: say so, not "lower the lr".
+            check_labels(device)
+            losses = stepper.losses[begin:end].tolist()
+            times = timer.read_us(begin, end)
+            for i, (loss, us) in enumerate(zip(losses, times)):
+                out.writerow([step + i + 1, epoch, f"{loss:.7g}", f"{us:.2f}"])
+                if not math.isfinite(loss):
+                    f.flush()
+                    raise Diverged(f"loss became {loss} at step {step + i + 1} (epoch {epoch}); "
+                                   f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
+            return losses, times
+
         epoch = 0
         while step < total:
             epoch += 1
@@ -149,24 +217,25 @@ def train(config: Config) -> Summary:
                 end = min(epoch_steps, begin + eval_every - (step % eval_every))
                 _sync(device)
                 t = time.perf_counter()
-                for slot in range(begin, end):
-                    timer.start(slot)
-                    stepper()
-                    timer.stop(slot)
-                    bar.update()
-                _sync(device)
+                done = begin  # slots whose step has been issued completely
+                try:
+                    for slot in range(begin, end):
+                        timer.start(slot)
+                        stepper()
+                        timer.stop(slot)
+                        done = slot + 1
+                        bar.update()
+                    _sync(device)
+                except KeyboardInterrupt:
+                    _sync(device)
+                    record(begin, done)
+                    raise Interrupted(f"interrupted at step {step + done - begin}; "
+                                      f"the steps so far are in {csv_path}") from None
                 seconds = time.perf_counter() - t
                 train_seconds += seconds
                 epoch_seconds += seconds
 
-                losses = stepper.losses[begin:end].tolist()
-                times = timer.read_us(begin, end)
-                for i, (loss, us) in enumerate(zip(losses, times)):
-                    out.writerow([step + i + 1, epoch, f"{loss:.7g}", f"{us:.2f}"])
-                    if not math.isfinite(loss):
-                        f.flush()
-                        raise Diverged(f"loss became {loss} at step {step + i + 1} (epoch {epoch}); "
-                                       f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
+                losses, times = record(begin, end)
                 step += end - begin
                 epoch_losses += losses
                 all_times += times

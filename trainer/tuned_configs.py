@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernels_core.provenance import REPO
 from autotune.store import StoreError, load_store
 from autotune.targets import local_gpu
 from trainer.config import Config
@@ -34,12 +33,13 @@ def target_name(target: str) -> str:
 
 
 def store_path(config: Config) -> Path | None:
-    """`--tuned-configs`, else the tuner's store for this target if one was written; "none": no store."""
+    """`--tuned-configs`, else the tuner's store for this target under the same `--out` root
+    (the tuner writes <out>/<target>/best.json) if one was written; "none": no store."""
     if config.tuned_configs == "none":
         return None
     if config.tuned_configs is not None:
         return Path(config.tuned_configs)
-    tuned = REPO / "experiments" / target_name(config.target) / "best.json"
+    tuned = Path(config.out) / target_name(config.target) / "best.json"
     return tuned if tuned.exists() else None
 
 
