@@ -158,7 +158,8 @@ def compare_section(gpu: str) -> list[str]:
 
 
 def tuning_section(gpu: str, target: str) -> list[str]:
-    path = EXPERIMENTS / target / "trials.csv"
+    # The committed copy of a tuning run (experiments/<target>/ itself is run output, not committed).
+    path = RESULTS / f"tuning_{target}" / "trials.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)

@@ -67,20 +67,29 @@ _PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
-_DEMANGLED = re.compile(r"(\w+)<([^>]*)>")
+_MANGLED = re.compile(r"_Z(\d+)")
+_INT_ARG = re.compile(r"L[a-z](n?\d+)E")
 
 
-def _demangle(names: list[str]) -> list[str]:
-    """Mangled kernel names -> name expressions like kernel<1,2,3>."""
-    tool = shutil.which("cu++filt") or shutil.which("c++filt")
-    if tool is None:
-        raise RuntimeError("compile_reports needs cu++filt or c++filt to read ptxas output")
-    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-    exprs = []
-    for line in out.splitlines():
-        m = _DEMANGLED.search(line)
-        exprs.append(f"{m.group(1)}<{m.group(2).replace(' ', '')}>" if m else line)
-    return exprs
+def _name_expr(mangled: str) -> str:
+    """`_Z20relu_backward_kernelILi2ELi4ELi4ELi128EEvPK...` -> `relu_backward_kernel<2,4,4,128>`.
+
+    Read off the Itanium mangling itself rather than through a demangler: every kernel here is a
+    function template of integer arguments, each mangled `L<type><value>E` (`n` for a minus), and
+    c++filt / cu++filt differ between machines in how they print them (the H200's image gave
+    names nothing here matched) or are missing."""
+    m = _MANGLED.match(mangled)
+    if m is None:
+        return mangled
+    length, at = int(m.group(1)), m.end()
+    name, rest = mangled[at:at + length], mangled[at + length:]
+    if not rest.startswith("I"):
+        return name
+    args, pos = [], 1
+    while (arg := _INT_ARG.match(rest, pos)) is not None:
+        args.append(arg.group(1).replace("n", "-"))
+        pos = arg.end()
+    return f"{name}<{','.join(args)}>"
 
 
 def compile_variants(variants: list[Variant], dynamic_smem: list[int], arch: int) -> list[dict]:
@@ -133,7 +142,7 @@ def _parse_ptxas(log: str) -> dict[str, dict]:
             blocks.append((m.group(1), []))
         elif blocks:
             blocks[-1][1].append(line)
-    names = _demangle([b[0] for b in blocks]) if blocks else []
+    names = [_name_expr(b[0]) for b in blocks]
     out = {}
     for expr, (_, lines) in zip(names, blocks):
         text = "\n".join(lines)

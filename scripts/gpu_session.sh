@@ -59,5 +59,5 @@ for lane in "${LANES[@]}"; do
     pids+=($!)
 done
 wait "${pids[@]}"
-tar czf "$OUT/results.tgz" experiments/results experiments/sm_* experiments/runs "$LOGS" 2>/dev/null
+tar czf "$OUT/results.tgz" experiments/results experiments/sm_* experiments/runs experiments/tuning.db "$LOGS" 2>/dev/null
 ls -la "$OUT"

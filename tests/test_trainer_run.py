@@ -14,7 +14,7 @@ import kernels_triton
 from autotune.store import ConfigStore, save_store
 from trainer.backends import NeedsGpu
 from trainer.config import Config, from_args
-from trainer.tuned_configs import ConfigStoreRefused
+from trainer.tuned_configs import ConfigStoreRefused, target_name
 from trainer.train import Diverged, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_cuda_backend_without_gpu_says_it_needs_one(tmp_path):
 
 
 def _store_file(tmp_path, entries):
-    store = ConfigStore("cpu")
+    store = ConfigStore(target_name("auto"))  # the trainer reads the local GPU's store (cpu without one)
     for entry in entries:
         store.put(entry)
     path = tmp_path / "best.json"

@@ -308,11 +308,11 @@ def test_a_deeply_nested_best_json_is_refused_in_one_line(tmp_path, capsys):
 
 def test_the_trainer_runs_on_defaults_past_a_deeply_nested_store_when_allowed(tmp_path, capsys):
     from trainer.config import Config
-    from trainer.tuned_configs import ConfigStoreRefused, open_store
+    from trainer.tuned_configs import ConfigStoreRefused, open_store, target_name
 
     best = tmp_path / "best.json"
     best.write_text(nested(200_000))
-    config = Config(backend="triton", target="cpu", tuned_configs=str(best))
+    config = Config(backend="triton", target=target_name("auto"), tuned_configs=str(best))
     with pytest.raises(ConfigStoreRefused, match="nested too deeply"):
         open_store(config)
     config.allow_default_configs = True
