@@ -6,8 +6,9 @@
 # Lanes separated by "|" run at the same time, each on the GPU named after "@" (stages within a
 # lane run in order); on a machine of two GPUs:
 #   bash scripts/gpu_session.sh "tune:520@0 | testall:520@1"
-# Stages: tests, testall, bench, tune, retune, compare, quality (see the case list below);
-# their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS, QUALITY_ARGS, TEST_ARGS.
+# Stages: tests, testall, bench, tune, retune, compare (compare2, ...), quality (see the case list
+# below); their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS (COMPARE2_ARGS, ...),
+# QUALITY_ARGS, TEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lab-out}
@@ -40,7 +41,8 @@ run_lane() {
             bench)   run_stage bench "$limit" python3 -m experiments.bench_kernels ${BENCH_ARGS:-} ;;
             tune)    run_stage tune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
             retune)  run_stage retune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
-            compare) run_stage compare "$limit" python3 -m experiments.compare ${COMPARE_ARGS:-} ;;
+            compare*) local var="${stage^^}_ARGS"  # compare2 takes COMPARE2_ARGS: two lanes, two comparisons
+                     run_stage "$stage" "$limit" python3 -m experiments.compare ${!var:-} ;;
             quality) run_stage quality "$limit" python3 -m experiments.search_quality ${QUALITY_ARGS:-} ;;
             *) echo "unknown stage $stage" | tee -a "$OUT/summary.txt" ;;
         esac
