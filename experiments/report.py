@@ -29,8 +29,9 @@ def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _provenance(df: pd.DataFrame) -> str:
     r = df.iloc[0]
+    commits = sorted(df["commit"].astype(str).unique())  # a section's rows may come from several runs
     return (f"{r['device']}, {str(r['utc'])[:10]}, torch {r['torch']}, triton {r['triton']}, "
-            f"cupy {r['cupy']}, CUDA {r['cuda']}, commit {r['commit']}")
+            f"cupy {r['cupy']}, CUDA {r['cuda']}, commit{'s' * (len(commits) > 1)} {', '.join(commits)}")
 
 
 def _table(df: pd.DataFrame) -> str:
@@ -38,6 +39,16 @@ def _table(df: pd.DataFrame) -> str:
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, sep, *body])
+
+
+def _gemm_table(ok: pd.DataFrame) -> pd.DataFrame:
+    """The 4096^3 products of a bench_kernels CSV (its `gemm` group), one row per dtype and backend."""
+    gemm = ok[ok.group == "gemm"]
+    if gemm.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "dtype": gemm.dtype, "backend": gemm.backend, "ms": gemm.time_ms.map("{:.3f}".format),
+        "TFLOP/s": gemm.tflops.map("{:.1f}".format), "vs cuBLAS": gemm.vs_torch.map("{:.2f}".format)})
 
 
 def kernels_section(gpu: str) -> list[str]:
@@ -51,10 +62,7 @@ def kernels_section(gpu: str) -> list[str]:
         "op": ew.op, "backend": ew.backend, "config": ew.config_label.fillna(""),
         "ms": ew.time_ms.map(lambda v: f"{v:.3f}" if pd.notna(v) else ""),
         "GB/s": ew.gbps.map("{:.0f}".format), "% of copy": ew.pct_of_copy.map("{:.1f}".format)})
-    gemm = ok[ok.group == "gemm"]
-    gemm_t = pd.DataFrame({
-        "dtype": gemm.dtype, "backend": gemm.backend, "ms": gemm.time_ms.map("{:.3f}".format),
-        "TFLOP/s": gemm.tflops.map("{:.1f}".format), "vs cuBLAS": gemm.vs_torch.map("{:.2f}".format)})
+    gemm_t = _gemm_table(ok)
     failed = df[(df.status != "ok") & df.status.notna()]
     lines = [f"### Kernels at their default configs ({_provenance(df)})", "",
              "`python -m experiments.bench_kernels` — 256M fp32 elements; L2 flushed between repetitions.", "",
@@ -157,6 +165,53 @@ def compare_section(gpu: str) -> list[str]:
     return lines
 
 
+def gemms_section(gpu: str) -> list[str]:
+    """The trainer's GEMMs, each twin at its default and tuned config, against cuBLAS in the same run
+    (bench_kernels --only trainer): CUDA-graph replays, the kernels' own time."""
+    path = RESULTS / f"trainer_gemms_{gpu}.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    ok = df[(df.group == "trainer") & (df.status == "ok")].copy()
+    if ok.empty:
+        return []
+    cublas = ok[ok.backend == "torch"].set_index(["dtype", "shape"]).graph_ms
+    ok = ok[ok.backend != "torch"]
+    ok["x"] = [cublas[(d, s)] / ms for d, s, ms in zip(ok.dtype, ok["shape"], ok.graph_ms)]
+    dims = ok["shape"].str.split(":").str[0].str.split("x", expand=True).astype(int)
+    ok["small"] = (dims[2] >= 784) & (dims[0] * dims[1] <= 131072)
+    summary = []
+    for (dtype, backend, label), g in ok.groupby(["dtype", "backend", "config_label"]):
+        small = g[g.small]
+        summary.append({"dtype": dtype, "backend": backend, "config": label, "shapes": len(g),
+                        "median vs cuBLAS": f"{g.x.median():.2f}×",
+                        "K ≥ 784, M·N ≤ 131072": f"{small.x.median():.2f}× ({len(small)})" if len(small) else ""})
+    tuned = ok[ok.config_label == "tuned"]
+    per_shape = tuned.pivot_table(index=["dtype", "shape"], columns="backend", values=["graph_ms", "x"])
+    rows = []
+    for (dtype, shape), r in per_shape.iterrows():
+        row = {"dtype": dtype, "shape": shape, "cuBLAS µs": f"{cublas[(dtype, shape)] * 1e3:.1f}"}
+        for backend in ("cuda", "triton"):
+            ms, x = r.get(("graph_ms", backend)), r.get(("x", backend))
+            row[f"{backend} tuned µs"] = f"{ms * 1e3:.1f} ({x:.2f}×)" if pd.notna(ms) else ""
+        rows.append(row)
+    lines = [f"### The trainer's GEMMs against cuBLAS ({_provenance(df)})", "",
+             "`python -m experiments.bench_kernels --only trainer` — every distinct GEMM of both trainer "
+             "protocols (fp32: batch 128, 784-H-H-10, H = 128/1024/4096; fp16: batch 32, 784-H-H-H-10, "
+             "H = 128...8192), each twin at its default config and, where the tuned store has the shape, its "
+             "tuned one; cuBLAS in the same run; CUDA-graph replays of 10 calls (inputs warm in L2, as in a "
+             "graphed training step). Medians of cuBLAS time / twin time:", "",
+             _table(pd.DataFrame(summary)), ""]
+    if rows:
+        lines += ["Per shape, tuned (the last column of the summary counts the shapes where one program per "
+                  "tile leaves the H200's 132 SMs idle):", "", _table(pd.DataFrame(rows)), ""]
+    gemm = _gemm_table(df[df.status == "ok"])
+    if len(gemm):
+        lines += ["Matmul 4096³ in the same run, default configs (L2 flushed; fp32 with TF32 off):", "",
+                  _table(gemm), ""]
+    return lines
+
+
 def tuning_section(gpu: str, target: str) -> list[str]:
     # The committed copy of a tuning run (experiments/<target>/ itself is run output, not committed).
     path = RESULTS / f"tuning_{target}" / "trials.csv"
@@ -177,7 +232,7 @@ def tuning_section(gpu: str, target: str) -> list[str]:
 
 
 def render(gpu: str, target: str) -> str:
-    lines = kernels_section(gpu) + tuning_section(gpu, target) + compare_section(gpu)
+    lines = kernels_section(gpu) + tuning_section(gpu, target) + gemms_section(gpu) + compare_section(gpu)
     if not lines:
         lines = ["No results yet: run the experiments on a GPU (see above)."]
     return "\n".join([BEGIN, "", *lines, END])

@@ -29,3 +29,27 @@ def test_trainer_group_times_a_tuned_config_only_for_its_exact_shape():
     assert exact.configs["cuda"] == [("default", None)]
     near = cases[("fp32", (128, 1024, 1024), "nn")]  # the store's lookup would offer a nearest shape: not timed
     assert near.configs["triton"] == [("default", None)]
+
+
+def test_report_states_each_twins_median_speed_against_cublas_of_the_same_run(tmp_path, monkeypatch):
+    """The README's trainer-GEMM table: cuBLAS time / twin time per shape, medians per twin and config,
+    and apart the shapes where one program per tile leaves the GPU idle (K >= 784, M*N <= 131072)."""
+    import pandas as pd
+
+    from experiments import report
+
+    prov = dict(device="GPU", utc="2026-12-01T00:00:00Z", torch="t", triton="tr", cupy="c", cuda="13", commit="abc")
+    rows = []
+    for shape, cublas, cuda, triton in [("128x1024x784:nn", 24.0, 12.0, 8.0), ("128x10x128:nn", 5.0, 10.0, 5.0),
+                                        ("1024x1024x128:tn", 10.0, 5.0, 20.0)]:
+        rows.append(dict(group="trainer", backend="torch", dtype="fp32", shape=shape, config_label="cuBLAS/aten",
+                         status="ok", graph_ms=cublas / 1e3, **prov))
+        for backend, us in (("cuda", cuda), ("triton", triton)):
+            rows.append(dict(group="trainer", backend=backend, dtype="fp32", shape=shape, config_label="tuned",
+                             status="ok", graph_ms=us / 1e3, **prov))
+    pd.DataFrame(rows).to_csv(tmp_path / "trainer_gemms_gpu.csv", index=False)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report.gemms_section("gpu"))
+    assert "| fp32 | cuda | tuned | 3 | 2.00× | 2.00× (1) |" in text  # speedups 2, 0.5, 2
+    assert "| fp32 | triton | tuned | 3 | 1.00× | 3.00× (1) |" in text  # speedups 3, 1, 0.5
+    assert "| fp32 | 128x1024x784:nn | 24.0 | 12.0 (2.00×) | 8.0 (3.00×) |" in text
