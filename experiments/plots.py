@@ -175,9 +175,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200", help="device slug in the CSV names")
     ap.add_argument("--target", default="sm_90", help="tuning target (names the plots)")
     ap.add_argument("--tuning-dir", type=Path, default=None,
-                    help="folder with the tuner's trials.csv and best.json (default experiments/<target>)")
+                    help="folder with the tuner's trials.csv and best.json (default: the committed copy, "
+                         "experiments/results/tuning_<target>)")
     args = ap.parse_args(argv)
-    tuning = args.tuning_dir or EXPERIMENTS / args.target
+    tuning = args.tuning_dir or RESULTS / f"tuning_{args.target}"
     makers = {
         "step time": lambda: step_time(args.gpu),
         "loss curves": lambda: loss_curves(args.gpu),
