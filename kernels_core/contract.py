@@ -205,10 +205,23 @@ class LabelError(ValueError):
 _label_flags: dict[tuple[str, int | None], torch.Tensor] = {}
 
 
-def _device_key(device: torch.device) -> tuple[str, int | None]:
-    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" name one flag
+def device_key(device: torch.device) -> tuple[str, int | None]:
+    """One key per device for per-device buffers: "cuda" and "cuda:0" name the same GPU."""
+    if device.type == "cuda" and device.index is None:
         return "cuda", torch.cuda.current_device()
     return device.type, device.index
+
+
+def refuse_zeroed_allocation_in_capture(device: torch.device, what: str) -> None:
+    """A buffer that must start zeroed cannot be made inside a CUDA graph capture: its zeroing
+    would be recorded, not run, and calls before the first replay would read garbage."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what}: call it once on this device, with this shape, before capturing a "
+                           "CUDA graph (that first call allocates zeroed scratch memory)")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def label_flag(device: torch.device) -> torch.Tensor:
@@ -216,12 +229,9 @@ def label_flag(device: torch.device) -> torch.Tensor:
     met a label outside [0, N) there (rows racing to write it all write a bad
     label and the same N). Allocated on the first call and never freed, so a
     CUDA graph that captured a write to it keeps a valid pointer."""
-    key = _device_key(device)
+    key = device_key(device)
     if key not in _label_flags:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Allocated inside a capture, its zeroing would be recorded, not run.
-            raise RuntimeError("softmax_cross_entropy: call it once on this device before capturing a "
-                               "CUDA graph (the first call allocates its label flag)")
+        refuse_zeroed_allocation_in_capture(device, "softmax_cross_entropy")
         _label_flags[key] = torch.zeros(3, dtype=torch.int64, device=device)
     return _label_flags[key]
 
@@ -230,7 +240,7 @@ def check_labels(device: torch.device) -> None:
     """Raises LabelError if softmax_cross_entropy met a label outside [0, N) on
     `device` since the last check, and clears the flag. Reads the flag from
     the device: a sync, so call it where the caller waits anyway."""
-    flag = _label_flags.get(_device_key(device))
+    flag = _label_flags.get(device_key(device))
     if flag is None:
         return
     seen, label, classes = flag.tolist()
