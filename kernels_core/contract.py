@@ -14,6 +14,8 @@ whole training step can be captured in a CUDA graph):
     matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False,
            out=None, config=None, accumulate="fp32") -> c
         c = act(op(a) @ op(b) + bias), op transposes when its flag is set;
+        split-K configs (SPLIT_K > 1) share one scratch buffer per device, so
+        their calls must be ordered (one stream, as a training step runs);
         fp32/fp16/bf16 inputs of one dtype, c in that dtype, bias [N] in that
         dtype; accumulate="fp16" (fp16 inputs only) accumulates in fp16.
     relu(x, *, out=None, config=None) -> y                  NaN stays NaN

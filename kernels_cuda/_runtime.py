@@ -16,10 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Mapping
@@ -73,10 +69,6 @@ DT_CODE = _dtype_codes()  # the first template argument of every kernel
 
 
 # ------------------------------------------------------------------ configs
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 # ------------------------------------------------------------------ devices
 

@@ -97,7 +97,7 @@ __device__ __forceinline__ void swizzle_block(int pid, int num_pid_m, int num_pi
 // ---------------------------------------------------------------- split-K
 // A split-K matmul (matmul_simt.cu, matmul_tc.cu, SPLIT_K > 1) cuts K into
 // slices of k_slice elements, a multiple of BK (the host computes it:
-// kernels_cuda/matmul.py), so only the last slice meets K's ragged end,
+// kernels_core/workspace.py, splitk_slices), so only the last slice meets K's ragged end,
 // which the operand loads already zero-fill. The grid is tiles x slices:
 // blockIdx.x is the tile, blockIdx.y the slice, and only slices with work
 // are launched (gridDim.y <= SPLIT_K). Each block writes its fp32 partial

@@ -2,9 +2,7 @@
 space, which sgd_update (optim.py) shares too: the same flat work split."""
 from __future__ import annotations
 
-import torch
-
-from kernels_core.contract import FLOATS, bias_add_args, check_tensor, dtype_name, output_like, relu_backward_args
+from kernels_core.contract import FLOATS, bias_add_args, cdiv, check_tensor, dtype_name, output_like, relu_backward_args
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -44,7 +42,7 @@ def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int
 def launch_flat(op: str, variant: rt.Variant, cfg, dev: int, n: int, args) -> None:
     threads = 32 * cfg["num_warps"]
     dtype, vec = _DT_NAME[variant.targs[0]], variant.targs[1]
-    blocks = max(1, rt.cdiv(n // vec, threads * cfg["ITEMS"]))
+    blocks = max(1, cdiv(n // vec, threads * cfg["ITEMS"]))
     rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1), args, for_=rt.tag(op, dtype, cfg))
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from kernels_core import contract
-from kernels_core.contract import dtype_name, matmul_args, matrix_layout, output
+from kernels_core.contract import cdiv, dtype_name, matmul_args, matrix_layout, output
 from kernels_core.space import Space
 from kernels_core.workspace import splitk_slices, splitk_workspace
 
@@ -193,15 +193,17 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     va = rt.pick_vec(VEC_BYTES // elt, elt, (a_t,), (lda,))
     vb = rt.pick_vec(VEC_BYTES // elt, elt, (b_t,), (ldb,))
     relu = activation == "relu"
-    if dtype == "fp32":
-        variant = simt_variant(cfg, a_kc, b_kc, va, vb, bias is not None, relu)
-    else:
-        variant = tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
-    threads, smem = launch_cost(dtype, cfg, arch)
-    tiles = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
     k_slice, slices = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
+    # One slice that holds K is the plain kernel: no workspace, no arrival, as in the Triton twin.
+    run = cfg if slices > 1 else {**cfg, "SPLIT_K": 1}
+    if dtype == "fp32":
+        variant = simt_variant(run, a_kc, b_kc, va, vb, bias is not None, relu)
+    else:
+        variant = tc_variant(run, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
+    threads, smem = launch_cost(dtype, cfg, arch)
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     partials = counters = None  # SPLIT_K == 1 compiles no access to them
-    if cfg["SPLIT_K"] > 1:
+    if run["SPLIT_K"] > 1:
         # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread
         # order); counters[tile] are zero between calls (the last arrival resets its own).
         partials, counters = splitk_workspace(a.device, tiles * slices * cfg["BLOCK_M"] * cfg["BLOCK_N"], tiles)

@@ -36,7 +36,7 @@
 //
 // Global loads move VA (VB) halves per copy along the contiguous dimension
 // (8 = 16 bytes); the host lowers them when pointer or leading dimension
-// alignment does not allow the configured width. ACC16 accumulates in fp16
+// alignment does not allow 16 bytes. ACC16 accumulates in fp16
 // registers (mma .f16 accumulators), for fp16 only.
 //
 // SPLIT_K > 1 (outputs of few tiles, e.g. 32 x 1024 with K = 8192): the grid
@@ -328,7 +328,10 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         }
     }
 
-    if constexpr (SPLIT_K > 1) {  // one float4 per fragment; fp16 accumulators get the fp32 sum rounded once
+    // One float4 per fragment. fp16 accumulators get the fp32 sum of the slices rounded once,
+    // and the epilogue rounds again after the bias: with ACC16 the result may differ from the
+    // Triton twin (which adds the bias to the fp32 sum) by an fp16 ulp.
+    if constexpr (SPLIT_K > 1) {
         auto get = [&](int f, int e) { return acc_get(acc[f / NT][f % NT], e); };
         auto set = [&](int f, int e, float x) { acc_set(acc[f / NT][f % NT], e, x); };
         if (!splitk_reduce<SPLIT_K, MT * NT, T>(partials, counters, get, set)) return;

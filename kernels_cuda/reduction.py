@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels_core.contract import FLOATS, check_tensor, dtype_name, output
+from kernels_core.contract import FLOATS, cdiv, check_tensor, dtype_name, output
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -38,7 +38,7 @@ def bias_grad(grad, *, out=None, config=None):
     grad = grad.contiguous()
     vec = rt.pick_vec(cfg["VEC"], grad.element_size(), (grad,), (ncols,))
     threads = 32 * cfg["num_warps"]
-    grid = (rt.cdiv(nrows, cfg["num_warps"] * cfg["ITEMS"]), rt.cdiv(ncols, 32 * vec), 1)
+    grid = (cdiv(nrows, cfg["num_warps"] * cfg["ITEMS"]), cdiv(ncols, 32 * vec), 1)
     if grid[1] > 65535:
         raise ValueError(f"grad: {ncols} columns need {grid[1]} column blocks, more than the 65535 grid.y allows")
     dtype = dtype_name(grad.dtype)

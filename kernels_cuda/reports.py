@@ -92,7 +92,7 @@ def _name_expr(mangled: str) -> str:
     return f"{name}<{','.join(args)}>"
 
 
-def compile_variants(variants: list[Variant], dynamic_smem: list[int], arch: int) -> list[dict]:
+def compile_variants(variants: list[rt.Variant], dynamic_smem: list[int], arch: int) -> list[dict]:
     """Compiles many variants in one nvcc call (one translation unit per
     source file) and returns, per variant, the ptxas resource numbers."""
     nvcc = nvcc_path()

@@ -115,6 +115,3 @@ def launch(plan: Plan) -> None:
     if compiled is not None:  # the interpreter returns nothing
         LAUNCHED[config_key(plan.op, plan.dtype, plan.config)] = compiled
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -24,11 +24,11 @@ NaN y, from relu(NaN), passes the gradient on).
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from kernels_core import contract
+from kernels_core.contract import cdiv
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -102,7 +102,7 @@ def _plan(op: str, x, other, out, *, ncols: int, relu: bool, config, vec_tensors
     if n == 0:
         return None
     vec = rt.vector_width(cfg["VEC"], ncols if op == "bias_add" else n, *vec_tensors)
-    grid = (rt.cdiv(n, cfg["BLOCK"]),)
+    grid = (cdiv(n, cfg["BLOCK"]),)
     args = dict(
         x_ptr=x, other_ptr=other, y_ptr=out, n=n, ncols=ncols,
         OP=op, RELU=relu, INT64=n + cfg["BLOCK"] > 2**31 - 1,

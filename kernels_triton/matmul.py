@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from kernels_core import contract
+from kernels_core.contract import cdiv
 from kernels_core.space import Space
 from kernels_core.workspace import splitk_slices, splitk_workspace
 
@@ -93,9 +94,9 @@ def _matmul_kernel(
     if SPLIT_K == 1:
         k_start = 0
         k_len = K
-    else:  # this program's slice of K; the last ones may be short or empty (k_len 0)
+    else:  # this program's slice of K; the last may be short
         k_start = tl.program_id(1) * K_SLICE
-        k_len = tl.maximum(tl.minimum(K - k_start, K_SLICE), 0)
+        k_len = tl.minimum(K - k_start, K_SLICE)  # only slices that hold K are launched
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -231,7 +232,7 @@ def plan(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=
     stride_am, stride_ak = (a.stride(1), a.stride(0)) if trans_a else (a.stride(0), a.stride(1))
     stride_bk, stride_bn = (b.stride(1), b.stride(0)) if trans_b else (b.stride(0), b.stride(1))
     constexprs = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
-    tiles = rt.cdiv(M, cfg["BLOCK_M"]) * rt.cdiv(N, cfg["BLOCK_N"])
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     # The kernel's SPLIT_K is the number of slices that hold any K: empty ones are not launched.
     k_slice, split_k = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
     constexprs["SPLIT_K"] = split_k

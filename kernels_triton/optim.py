@@ -18,12 +18,11 @@ recompile (a captured CUDA graph still bakes in the values it was captured with)
 """
 from __future__ import annotations
 
-
-import torch
 import triton
 import triton.language as tl
 
 from kernels_core import contract
+from kernels_core.contract import cdiv
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -79,7 +78,7 @@ def plan_sgd_update(params, grads, momentum_bufs, *, lr, momentum=0.0, weight_de
             HAS_MOMENTUM=bool(momentum), HAS_WEIGHT_DECAY=bool(weight_decay),
             INT64=n + cfg["BLOCK"] > 2**31 - 1, BLOCK=cfg["BLOCK"], VEC=vec,
         )
-        plans.append(rt.Plan("sgd_update", dtype, cfg, _sgd_kernel, (rt.cdiv(n, cfg["BLOCK"]),), args,
+        plans.append(rt.Plan("sgd_update", dtype, cfg, _sgd_kernel, (cdiv(n, cfg["BLOCK"]),), args,
                              cfg["num_warps"]))
     return plans
 

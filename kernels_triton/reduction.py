@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels_core import contract
+from kernels_core.contract import cdiv
 from kernels_core.space import Space
 
 from . import _runtime as rt
@@ -78,7 +79,7 @@ def plan_bias_grad(grad, *, out=None, config=None):
     out.zero_()
     if M == 0:
         return out, None
-    grid = (rt.cdiv(N, cfg["BLOCK_N"]), rt.cdiv(M, cfg["ROWS"]))
+    grid = (cdiv(N, cfg["BLOCK_N"]), cdiv(M, cfg["ROWS"]))
     args = dict(g_ptr=grad, out_ptr=out, M=M, N=N, stride_m=grad.stride(0), stride_n=grad.stride(1),
                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], ROWS=cfg["ROWS"])
     return out, rt.Plan("bias_grad", dtype, cfg, _bias_grad_kernel, grid, args, cfg["num_warps"])

@@ -279,3 +279,16 @@ def test_splitk_slices_launch_only_slices_that_hold_k(k, split_k, block_k, want)
     assert (k_slice, slices) == want
     assert k_slice % block_k == 0 and slices <= split_k
     assert (slices - 1) * k_slice < k <= slices * k_slice or k == 0
+
+
+def test_splitk_workspace_refuses_to_grow_inside_a_capture(monkeypatch):
+    """Counters made inside a CUDA graph capture would have their zeroing recorded, not run, so a
+    call before the first replay would count from garbage: growing is refused there, with the fix
+    in the message (faked capture: no GPU here; nothing is allocated before the refusal)."""
+    from kernels_core import workspace
+
+    monkeypatch.setattr(workspace, "_live", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        workspace.splitk_workspace(torch.device("cuda", 0), 1024, 8)
+    assert workspace._live == {}
