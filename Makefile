@@ -3,7 +3,7 @@ PY ?= python3
 
 .PHONY: setup run test test-gpu bench
 setup:
-	@bash scripts/setup.sh
+	@PYTHON=$(PY) bash scripts/setup.sh
 
 run: setup
 	$(PY) -m experiments.quickstart

@@ -223,6 +223,12 @@ class Search:
         with self.lock:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
+            if not study.get_trials(deepcopy=False) and any(s == name for s, _ in self.csv.keys()):
+                # The CSV's rows of this study came from a storage this run does not have: its
+                # trial numbers would start over beside them, and the study be measured twice.
+                raise SearchError(
+                    f"{self.csv.path} holds rows of study {name} that --storage {shown_url(self.args.storage)} "
+                    "lacks: pass the storage those trials came from, or another --out or --study-prefix")
             studies.reap_dead(study)
             self._copy_missing_rows(study, name)
             known = studies.measured_elsewhere(self.storage, name, key)

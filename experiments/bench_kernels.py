@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned-configs", default=None,
                     help="tuned store for the trainer group (default experiments/<target>/best.json if it exists)")
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
-    ap.add_argument("--out", default=None, help="CSV path (default experiments/results/kernels_<gpu>.csv)")
+    ap.add_argument("--out", default=None, help="CSV path (default experiments/results/kernels_<gpu>.csv, "
+                    "or trainer_gemms_<gpu>.csv for a run with the trainer group)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
@@ -247,15 +248,18 @@ def main(argv=None) -> int:
     copy_gbps = measure_copy(n_rows * 4096, device)
     print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
     prov = provenance()
-    out = Path(args.out) if args.out else RESULTS / f"kernels_{device_slug()}.csv"
+    name = "trainer_gemms" if "trainer" in groups else "kernels"
+    out = Path(args.out) if args.out else RESULTS / f"{name}_{device_slug()}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
+    # Rows go to OUT.partial as each case ends, which becomes OUT once all are measured: a run
+    # stopped at its time limit keeps what it measured and leaves the last complete OUT as it was.
+    partial = out.with_name(out.name + ".partial")
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
                "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
                "graph_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep", *prov]
     rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{n_rows * 4096}",
                  status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
-    # Rows are written as each case ends, so a run stopped at its time limit keeps what it measured.
-    with out.open("w", newline="") as f:
+    with partial.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerow({**prov, **rows[0]})
@@ -268,6 +272,7 @@ def main(argv=None) -> int:
                 rows += done
                 print(f"[{rep + 1}/{args.repeat} {i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} "
                       f"{case.shape}", file=sys.stderr, flush=True)
+    partial.replace(out)
     print_table(rows)
     print(f"wrote {out}")
     return 0

@@ -376,3 +376,19 @@ def test_one_run_tunes_the_calls_of_several_widths_once_each():
     for bad in ("0,128", "128,x", ""):
         with pytest.raises(SystemExit):
             search.parse_args(["--hidden", bad])
+
+
+def test_a_trials_csv_from_another_storage_is_refused_not_tuned_twice(tmp_path, capsys):
+    """A fresh storage beside a trials.csv that already holds a study's rows (a copied results
+    folder, a lost tuning.db) would number that study's trials from 0 again beside the old rows:
+    the search stops in one line instead, and the CSV keeps only the first run's rows."""
+    fake_matmul = ("--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
+                   "--shapes", "16x16x16", "--trials", "2")  # correct for every config: no hangs
+    assert run_main(tmp_path, *fake_matmul) == 0
+    csv_path = tmp_path / "out" / "cpu" / "trials.csv"
+    before = csv_path.read_bytes()
+    (tmp_path / "tuning.db").unlink()
+    capsys.readouterr()
+    assert run_main(tmp_path, *fake_matmul) == 2
+    one_error_line(capsys, "holds rows of study", "lacks")
+    assert csv_path.read_bytes() == before
