@@ -11,7 +11,7 @@ trial, flushed as it ends), the Optuna storage (committed per trial), and
 Re-running a command resumes it; a SIGKILL loses at most the trials in flight.
 
 Several machines can share studies through one RDB URL (e.g.
---storage postgresql://user:pass@host/db): each counts the trials of all of
+--storage postgresql+psycopg://user:pass@host/db): each counts the trials of all of
 them against --trials, and reuses configs any of them measured.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "under another prefix are still reused; a new --storage measures everything afresh)")
     p.add_argument("--seed", type=int, default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
-                        "or their samplers propose the same configs, copied rather than measured")
+                        "or their samplers propose the same configs and spend suggestions on each other's")
     p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
                    "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
     p.add_argument("--compile-only", action="store_true",

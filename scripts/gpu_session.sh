@@ -6,7 +6,7 @@
 # Lanes separated by "|" run at the same time, each on the GPU named after "@" (stages within a
 # lane run in order); on a machine of two GPUs:
 #   bash scripts/gpu_session.sh "tune:520@0 | testall:520@1"
-# Stages: tests, testall, bench, tune, retune, compare (compare2, ...), quality (see the case list
+# Stages: tests, testall, bench, tune, compare (compare2, ...), quality (see the case list
 # below); their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS (COMPARE2_ARGS, ...),
 # QUALITY_ARGS, TEST_ARGS.
 set -uo pipefail
@@ -23,6 +23,7 @@ nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperatur
 
 run_stage() {
     local name=$1 limit=$2; shift 2
+    [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && name="$name-gpu$CUDA_VISIBLE_DEVICES"  # lanes running one stage keep their logs apart
     echo "== $name (limit ${limit}s, GPU ${CUDA_VISIBLE_DEVICES:-all}): $*" | tee -a "$OUT/summary.txt"
     local t0=$SECONDS
     timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
@@ -40,7 +41,6 @@ run_lane() {
             testall) run_stage testall "$limit" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ;;
             bench)   run_stage bench "$limit" python3 -m experiments.bench_kernels ${BENCH_ARGS:-} ;;
             tune)    run_stage tune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
-            retune)  run_stage retune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
             compare*) local var="${stage^^}_ARGS"  # compare2 takes COMPARE2_ARGS: two lanes, two comparisons
                      run_stage "$stage" "$limit" python3 -m experiments.compare ${!var:-} ;;
             quality) run_stage quality "$limit" python3 -m experiments.search_quality ${QUALITY_ARGS:-} ;;
