@@ -339,7 +339,9 @@ class Search:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                      "config": best.user_attrs["config"], "trials": measured, "failures": failures,
-                     "study": name, "trial": best.number,
+                     # Where the measurement was made: a copy's row is its source's (another
+                     # --study-prefix's study, say), and names that study and trial.
+                     "study": row.get("study", name), "trial": row.get("trial", best.number),
                      "provenance": {k: row.get(k) for k in PROVENANCE}}
             for key in ("time_ms", "time_p20_ms", "time_p80_ms", "default_ms", "torch_ms",
                         "speedup_vs_default", "speedup_vs_torch"):

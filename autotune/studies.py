@@ -57,7 +57,6 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.targets import Target
-from kernels_core.provenance import utc_now
 from kernels_core.space import Space
 
 OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
@@ -417,9 +416,9 @@ class StudyRunner:
     def _reuse(self, trial: optuna.Trial, source: int | str, previous: optuna.trial.FrozenTrial) -> None:
         """Tell the sampler a measured config's result, at no budget cost and with no CSV row."""
         trial.set_user_attr("reused_from", source)
-        row = dict(previous.user_attrs["row"], trial=trial.number, reused_from=source, utc=utc_now())
         self.reused += 1
-        self._tell(trial, previous.user_attrs["status"], row, previous.value, record=False)
+        # The measurement's own row, unchanged: its study, trial, time and commit say where it was made.
+        self._tell(trial, previous.user_attrs["status"], previous.user_attrs["row"], previous.value, record=False)
 
     def complete(self, candidate: Candidate, result: dict) -> dict:
         with self.lock:

@@ -424,6 +424,7 @@ def test_configs_measured_under_another_prefix_are_reused(storage_url):
     key = "cpu:matmul:fake:fp32:16x16x16:nn"
     old = optuna.create_study(study_name="old-" + key, storage=storage)
     first = _measured(old, {"B": 1}, time_ms=0.5)
+    first_row = old.trials[first.number].user_attrs["row"]
     _measured(optuna.create_study(study_name="cpu:matmul:fake:fp32:116x16x16:nn", storage=storage), {"B": 2})
     known = studies.measured_elsewhere(storage, "new-" + key, key)
     source = f"old-{key}#{first.number}"
@@ -438,6 +439,8 @@ def test_configs_measured_under_another_prefix_are_reused(storage_url):
     assert _run(runner) == [] and runner.reused == 50
     copies = study.get_trials()
     assert all(t.value == 0.5 and t.user_attrs["reused_from"] == source for t in copies) and len(copies) == 50
+    # A copy carries its source's row as it was written, so best.json names where it was measured.
+    assert all(t.user_attrs["row"] == first_row for t in copies)
 
 
 def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
