@@ -34,7 +34,9 @@ commit and settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import hashlib
 import statistics
 import sys
@@ -228,10 +230,8 @@ def main(argv=None) -> int:
                        tracks_torch_eager=(tracking_failure(losses, eager_losses) or "yes")
                        if eager_losses and dtype == "fp32" else "",
                        config_source=s.config_source, tuned_configs_sha=sha, run_csv=Path(s.csv).name, **s.provenance)
-            rows.append(row)
             done[key] = row
-            add_speedups(rows)
-            write_csv(out, rows)
+            rows = write_csv(out, [row])
             if run_length(cfg) == protocol_length(args.protocol):  # a step-time-only run keeps the curves
                 write_curve(curves_dir / f"losses_{device_slug()}_{dtype}_{args.protocol}_{variant}.csv", h, losses)
             print(f"   {s.median_step_us:9.1f} us/step  {_x(row['speedup_vs_torch_eager'])} vs eager  "
@@ -242,20 +242,39 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
+@contextlib.contextmanager
+def _rewriting(path: Path):
+    """Holds `path` for a read-modify-write: comparisons running at once (one per GPU, say) may
+    write one file, and each must merge into what the others wrote, not over it. Yields the
+    temporary file to write, which then replaces `path`."""
+    lock_path = path.with_name(f".{path.name}.lock")
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("w", newline="") as f:
+            yield f
+        tmp.replace(path)
+
+
+def write_csv(path: Path, new_rows: list[dict]) -> list[dict]:
+    """Merges `new_rows` into the file (a row of the same KEY replaced), recomputes every row's
+    speedups, writes it whole and returns its rows."""
+    with _rewriting(path) as f:
+        rows = {tuple(str(r.get(k, "")) for k in KEY): r for r in existing_rows(path)}
+        rows.update({tuple(str(r.get(k, "")) for k in KEY): r for r in new_rows})
+        merged = list(rows.values())
+        add_speedups(merged)
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+        writer.writerows(merged)
+    return merged
 
 
 def write_curve(path: Path, hidden: int, losses: list[float]) -> None:
     """Every 10th step and the last, appended under this width (rows of other widths kept)."""
-    kept = [r for r in existing_rows(path) if int(r["hidden"]) != hidden]
     picked = [(i + 1, loss) for i, loss in enumerate(losses) if (i + 1) % 10 == 0 or i + 1 == len(losses)]
-    with path.open("w", newline="") as f:
+    with _rewriting(path) as f:
+        kept = [r for r in existing_rows(path) if int(r["hidden"]) != hidden]
         writer = csv.writer(f)
         writer.writerow(["hidden", "step", "loss"])
         writer.writerows([(r["hidden"], r["step"], r["loss"]) for r in kept])

@@ -154,3 +154,20 @@ def test_tracking_failure_names_the_first_step_out_of_tolerance():
     assert compare.tracking_failure(late, ref).startswith("step 81:")
     assert compare.tracking_failure(late[:80], ref) is None  # past the run, nothing to hold it to
     assert compare.tracking_failure([float("nan")] + ref[1:], ref).startswith("step 1:")
+
+
+def test_two_comparisons_writing_one_csv_keep_each_others_rows(tmp_path):
+    """Two compare processes (one per GPU lane) append to one CSV: each write merges into what is
+    on disk, so neither loses the other's rows, and a rerun of a key replaces its row."""
+    def row(variant, us):
+        return dict(variant=variant, backend="torch" if variant.startswith("torch") else "cuda", hidden="128",
+                    dtype="fp32", protocol="default", run_length="500 steps", tuned_configs_sha="", commit="abc",
+                    median_step_us=us)
+
+    path = tmp_path / "trainer_gpu_fp32.csv"
+    compare.write_csv(path, [row("torch-eager", 1000.0)])  # lane 1
+    compare.write_csv(path, [row("cuda-tuned", 100.0)])  # lane 2, which read the file before lane 1 wrote
+    merged = compare.write_csv(path, [row("cuda-tuned", 90.0)])  # lane 2 again: same key, replaced
+    by_variant = {r["variant"]: r for r in compare.existing_rows(path)}
+    assert set(by_variant) == {"torch-eager", "cuda-tuned"} and float(by_variant["cuda-tuned"]["median_step_us"]) == 90.0
+    assert len(merged) == 2 and float(by_variant["cuda-tuned"]["speedup_vs_torch_eager"]) == 1000.0 / 90.0
