@@ -101,19 +101,22 @@ def main(argv=None) -> int:
     args.out = args.out or REPO / "experiments" / "results" / f"stress_sharing_cpu{suffix}.csv"
     rng, rows = random.Random(args.seed), []
     prov = provenance()
-    try:
-        with (local_server() if args.storage == "postgresql" else contextlib.nullcontext()) as server:
-            for kind, run in (("kill", kill_round), ("share", share_round)):
-                for i in tqdm(range(args.rounds), desc=kind):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        storage = server.new_database() if server else f"sqlite:///{Path(tmp) / 't.db'}"
-                        row = run(Path(tmp), rng, storage)
-                    row["ok"] = (row["measured"] == BUDGET and not row["configs_measured_twice"]
-                                 and not row["trials_in_two_rows"] and set(row["exit_codes"].split()) == {"0"})
-                    rows.append({"kind": kind, "round": i, "storage": args.storage, **row, **prov})
-    except RuntimeError as exc:  # the local PostgreSQL server did not start
-        print(f"stress_sharing: --storage {args.storage}: {exc}", file=sys.stderr)
-        return 2
+    with contextlib.ExitStack() as stack:
+        server = None
+        if args.storage == "postgresql":
+            try:
+                server = stack.enter_context(local_server())
+            except RuntimeError as exc:  # the local PostgreSQL server did not start
+                print(f"stress_sharing: --storage {args.storage}: {exc}", file=sys.stderr)
+                return 2
+        for kind, run in (("kill", kill_round), ("share", share_round)):
+            for i in tqdm(range(args.rounds), desc=kind):
+                with tempfile.TemporaryDirectory() as tmp:
+                    storage = server.new_database() if server else f"sqlite:///{Path(tmp) / 't.db'}"
+                    row = run(Path(tmp), rng, storage)
+                row["ok"] = (row["measured"] == BUDGET and not row["configs_measured_twice"]
+                             and not row["trials_in_two_rows"] and set(row["exit_codes"].split()) == {"0"})
+                rows.append({"kind": kind, "round": i, "storage": args.storage, **row, **prov})
     table = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)

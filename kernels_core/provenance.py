@@ -33,9 +33,12 @@ def _cupy_version() -> str:
 
 
 def git_commit() -> str:
-    """HEAD of this checkout; LAB_COMMIT wins, for copies of the tree without .git (the GPU machine)."""
+    """HEAD of this checkout; LAB_COMMIT wins, for copies of the tree without .git (the GPU machine).
+    An installed copy (site-packages) is no checkout, even inside one's .venv: "unknown"."""
     if os.environ.get("LAB_COMMIT"):
         return os.environ["LAB_COMMIT"]
+    if not (REPO / ".git").exists():
+        return "unknown"
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
