@@ -33,7 +33,7 @@ from autotune import compile_sweep, studies
 from kernels_core.backends import BackendError
 from autotune.plan import Job, Plan, build_plan
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
-from autotune.store import ConfigStore, StoreError, load_store, save_store
+from autotune.store import ConfigStore, StoreError, load_store, save_store, store_path
 from autotune.studies import SAMPLERS, SearchError, StudyRunner
 from autotune.targets import TARGETS, TargetError
 from autotune.trials_csv import TrialsCsv, columns
@@ -174,7 +174,7 @@ class Search:
         self.budget = args.trials or DEFAULT_TRIALS
         self.out_dir = args.out / self.target.name
         self.csv = TrialsCsv(self.out_dir / "trials.csv", columns(plan.tunables()))
-        self.best_path = self.out_dir / "best.json"
+        self.best_path = store_path(args.out, self.target.name)
         if self.best_path.exists():
             load_store(self.best_path, self.target)  # refuse to build on a broken file
         self.storage = open_storage(args.storage)

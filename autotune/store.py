@@ -41,6 +41,11 @@ class StoreError(ValueError):
     pass
 
 
+def store_path(out, target: str) -> Path:
+    """Where the tuner writes, and the trainer looks for, a target's winners: <out>/<target>/best.json."""
+    return Path(out) / target / "best.json"
+
+
 def parse_shape_key(key: str) -> tuple[tuple[int, ...], str]:
     dims, _, layout = key.partition(":")
     try:

@@ -280,11 +280,11 @@ def main(argv=None) -> int:
 
 def _tuned_store(path):
     """The tuned store for the local GPU, or None (then the trainer group times defaults only)."""
-    from autotune.store import load_store
-    from autotune.targets import local_gpu
+    from autotune.store import load_store, store_path
+    from trainer.tuned_configs import target_name
 
-    target = local_gpu()[0]
-    path = Path(path) if path else RESULTS.parent / target / "best.json"
+    target = target_name("auto")
+    path = Path(path) if path else store_path(RESULTS.parent, target)
     if not path.exists():
         print(f"no tuned store at {path}: the trainer group times default configs only", file=sys.stderr)
         return None

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from kernels_core.provenance import device_slug, provenance
+from autotune.store import store_path
 from trainer.config import PRESETS, Config
 from trainer.tuned_configs import target_name
 from trainer.train import train
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     hidden = [128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")]
     steps = 500 if args.quick and not args.steps else args.steps
     base = base_config(args.protocol, dtype, steps)
-    tuned = Path(args.tuned_configs) if args.tuned_configs else RESULTS.parent / target_name("auto") / "best.json"
+    tuned = Path(args.tuned_configs) if args.tuned_configs else store_path(RESULTS.parent, target_name("auto"))
     autotune_h = {int(h) for h in args.max_autotune_hidden.split(",") if h}
 
     stem = "compare" if args.protocol == "seed" else "trainer"

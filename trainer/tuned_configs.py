@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.store import StoreError, load_store
+from autotune.store import StoreError, load_store, store_path
 from autotune.targets import local_gpu
 from trainer.config import Config
 
@@ -32,20 +32,20 @@ def target_name(target: str) -> str:
     return local[0] if local else "cpu"
 
 
-def store_path(config: Config) -> Path | None:
+def run_store_path(config: Config) -> Path | None:
     """`--tuned-configs`, else the tuner's store for this target under the same `--out` root
     (the tuner writes <out>/<target>/best.json) if one was written; "none": no store."""
     if config.tuned_configs == "none":
         return None
     if config.tuned_configs is not None:
         return Path(config.tuned_configs)
-    tuned = Path(config.out) / target_name(config.target) / "best.json"
+    tuned = store_path(config.out, target_name(config.target))
     return tuned if tuned.exists() else None
 
 
 def open_store(config: Config):
     """The validated store for `config.tuned_configs`, or None (defaults everywhere)."""
-    path = store_path(config)
+    path = run_store_path(config)
     if path is None:
         return None
     try:
