@@ -51,9 +51,7 @@ def search(tmp_path: Path, *args: str, timeout: float = 180, **extra) -> subproc
 
 
 def trials(tmp_path: Path, target: str = "cpu") -> pd.DataFrame:
-    # The CSV holds each float's shortest round-trip text; pandas before 3.0 parses it to the
-    # nearest double only when asked (the H200's pandas read one time 1 ulp off best.json's).
-    return pd.read_csv(tmp_path / "out" / target / "trials.csv", float_precision="round_trip")
+    return pd.read_csv(tmp_path / "out" / target / "trials.csv")
 
 
 def counted(rows: pd.DataFrame) -> pd.DataFrame:
@@ -87,7 +85,9 @@ def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
     raw = json.loads((tmp_path / "out" / "cpu" / "best.json").read_text())["entries"][0]
     assert raw["trials"] == 10 and raw["failures"] == {"compile_error": 2, "wrong_result": 2, "timeout": 2,
                                                        "launch_error": 2}
-    assert raw["time_ms"] == ok["time_ms"].min() and raw["provenance"]["python"]
+    # The CSV holds the float's shortest round-trip text, which pandas before 3.0 parses to within
+    # an ulp, not exactly (the H200's pandas read one time 1 ulp off best.json's).
+    assert raw["time_ms"] == pytest.approx(ok["time_ms"].min(), rel=1e-15, abs=0) and raw["provenance"]["python"]
     assert "compile_error:2" in out.stdout and "relu" in out.stdout  # the summary table
     assert "all 10 valid configs measured" in out.stdout  # budget 20: the study ended early, and says so
 
