@@ -10,6 +10,7 @@ node id. The base seed is printed in the header and with every failure.
 """
 import os
 import random
+import signal
 import sys
 import zlib
 
@@ -74,3 +75,11 @@ def ops(request):
     else:
         import kernels_cuda as module
     return module
+
+
+@pytest.fixture
+def interruptible():
+    """preexec_fn for a child a test interrupts with SIGINT: the disposition a terminal gives it.
+    A harness that runs the suite as a background job hands its children SIGINT ignored (bash does
+    so for `cmd &` without job control), and Python then never raises KeyboardInterrupt."""
+    return lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)

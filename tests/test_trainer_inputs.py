@@ -157,10 +157,11 @@ def test_ctrl_c_during_setup_is_one_line(tmp_path, monkeypatch, capsys):
     assert code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
-def test_sigint_to_a_running_trainer(tmp_path):
+def test_sigint_to_a_running_trainer(tmp_path, interruptible):
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.run", "--steps", "1000000", "--hidden", "64", "--out", str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible,
     )
     try:
         deadline = time.monotonic() + 120

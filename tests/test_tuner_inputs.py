@@ -345,13 +345,14 @@ def test_an_op_the_trainer_never_calls_is_explained_with_the_flag_that_tunes_it(
 # -- Ctrl-C -------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_ctrl_c_in_compile_only_stops_cleanly_and_the_next_run_resumes(tmp_path):
+def test_ctrl_c_in_compile_only_stops_cleanly_and_the_next_run_resumes(tmp_path, interruptible):
     env = dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend")
     env.pop("KERNEL_TEST_SEED", None)
     cmd = [sys.executable, "-m", "autotune.search", "--out", str(tmp_path / "out"), "--target", "sm_75",
            "--compile-only", "--backends", "fake", "--ops", "relu,matmul", "--dtypes", "fp32", "--workers", "1"]
     log = tmp_path / "out" / "logs" / "sm_75" / "compile-0.log"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while not log.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
