@@ -12,12 +12,39 @@ its result unless `out` is given, and never synchronizes the device, so a
 whole training step can be captured in a CUDA graph):
 
     matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False,
-           out=None, config=None, accumulate="fp32") -> c
+           out=None, config=None, accumulate="fp32", a_rows=None,
+           relu_grad_of=None) -> c
         c = act(op(a) @ op(b) + bias), op transposes when its flag is set;
         split-K configs (SPLIT_K > 1) share one scratch buffer per device, so
         their calls must be ordered (one stream, as a training step runs);
         fp32/fp16/bf16 inputs of one dtype, c in that dtype, bias [N] in that
         dtype; accumulate="fp16" (fp16 inputs only) accumulates in fp16.
+        a_rows (int64 [R]): a is read as a[a_rows] (rows of the stored
+        tensor, before any transpose), so a batch drawn by index costs no
+        gather kernel; an index outside [0, a.shape[0]) reads a row of
+        zeros (it cannot raise without a sync).
+        relu_grad_of (y [M, N], a's dtype): c = 0 where y <= 0, else
+        op(a) @ op(b), i.e. relu_backward(op(a) @ op(b), y) in one kernel
+        (the input gradient through the ReLU that produced y; a NaN y passes
+        the gradient on); takes neither bias nor activation.
+    linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None,
+                         out_grad=None, config=None) -> (loss, dlogits)
+        softmax_cross_entropy(matmul(x, w, bias=bias), labels[label_rows])
+        in one kernel: the logits (x [M, K] @ w [K, N], rounded to x's dtype
+        as matmul would store them) never reach memory, so one tile must hold
+        a whole row (config BLOCK_N >= N). loss is deterministic: the same
+        bits on every run. Labels outside [0, N) as in softmax_cross_entropy.
+    linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0,
+               weight_decay=0.0, x_rows=None, w_low=None, b_low=None,
+               config=None) -> None
+        One linear layer's SGD step from its batch, in one kernel: the
+        gradients gw = x[x_rows]^T @ dy (x [B, K_in], dy [B, N_out], fp32
+        accumulation, never stored) and gb = column sums of dy (fp32), then
+        sgd_update's rule on w [K_in, N_out] and bias [N_out] (float32, in
+        place) with buffers w_buf, b_buf (float32, None when momentum == 0).
+        w_low and b_low (x's dtype, optional) receive the updated w and bias
+        rounded, the copies the next step's matmuls read. config: the "tn"
+        matmul's tunables, SPLIT_K = 1.
     relu(x, *, out=None, config=None) -> y                  NaN stays NaN
     relu_backward(grad, y, *, out=None, config=None) -> dx  0 where y <= 0, else grad
         (torch's threshold_backward: a NaN y passes grad on)
@@ -67,7 +94,11 @@ OPS = (
     "bias_grad",
     "softmax_cross_entropy",
     "sgd_update",
+    "linear_cross_entropy",
+    "linear_sgd",
 )
+# The ops that fold a step's small kernels into a GEMM's epilogue (the fused training step).
+FUSED_OPS = ("linear_cross_entropy", "linear_sgd")
 
 ACTIVATIONS = (None, "relu")
 
@@ -149,13 +180,23 @@ def output_like(out, like: torch.Tensor) -> torch.Tensor:
     return output("out", out, tuple(like.shape), like.dtype, like.device)
 
 
-def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate: str) -> tuple[int, int, int]:
+def check_rows(name: str, rows, device: torch.device) -> int:
+    """Length of an index vector that gathers rows (a_rows, x_rows, label_rows)."""
+    check_tensor(name, rows, ndim=1, dtypes=(torch.int64,), device=device)
+    if rows.stride(0) != 1 and rows.shape[0] > 1:
+        raise ValueError(f"{name}: must be contiguous, got stride {rows.stride(0)}")
+    return rows.shape[0]
+
+
+def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate: str,
+                a_rows=None, relu_grad_of=None) -> tuple[int, int, int]:
     """M, N, K of op(a) @ op(b), where op transposes when its flag is set; every argument checked."""
     check_tensor("a", a, ndim=2, dtypes=FLOATS)
     check_tensor("b", b, ndim=2, dtypes=FLOATS, device=a.device)
     check_same_dtype(a=a, b=b)
     check_activation(activation)
-    m, k = (a.shape[1], a.shape[0]) if trans_a else tuple(a.shape)
+    stored = (check_rows("a_rows", a_rows, a.device), a.shape[1]) if a_rows is not None else tuple(a.shape)
+    m, k = (stored[1], stored[0]) if trans_a else stored
     kb, n = (b.shape[1], b.shape[0]) if trans_b else tuple(b.shape)
     if k != kb:
         raise ValueError(
@@ -170,7 +211,61 @@ def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate
         check_tensor("bias", bias, ndim=1, dtypes=(a.dtype,), device=a.device)
         if bias.shape[0] != n:
             raise ValueError(f"bias: shape {tuple(bias.shape)}, expected ({n},)")
+    if relu_grad_of is not None:
+        check_tensor("relu_grad_of", relu_grad_of, ndim=2, dtypes=(a.dtype,), device=a.device)
+        if tuple(relu_grad_of.shape) != (m, n):
+            raise ValueError(f"relu_grad_of: shape {tuple(relu_grad_of.shape)}, expected ({m}, {n})")
+        if bias is not None or activation is not None:
+            raise ValueError("relu_grad_of: takes neither bias nor activation (it masks a gradient)")
     return m, n, k
+
+
+def linear_cross_entropy_args(x, w, labels, bias, label_rows) -> tuple[int, int, int]:
+    """M, N, K of the logits x @ w; every argument checked."""
+    m, n, k = matmul_args(x, w, bias, None, False, False, "fp32")
+    check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=x.device)
+    rows = check_rows("label_rows", label_rows, x.device) if label_rows is not None else labels.shape[0]
+    if rows != m:
+        what = "label_rows" if label_rows is not None else "labels"
+        raise ValueError(f"{what}: {rows} rows, expected {m} to match x {tuple(x.shape)}")
+    if n == 0 and m > 0:
+        raise ValueError("w: has no classes (shape [K, 0])")
+    return m, n, k
+
+
+def check_block_holds_row(config: dict, n: int) -> None:
+    """linear_cross_entropy's softmax needs every logit of a row in one tile."""
+    if config["BLOCK_N"] < n:
+        raise ValueError(f"config: linear_cross_entropy needs BLOCK_N >= N = {n} (one tile holds a whole "
+                         f"row of logits), got BLOCK_N={config['BLOCK_N']}")
+
+
+def linear_sgd_args(x, dy, w, bias, w_buf, b_buf, lr, momentum, weight_decay, x_rows, w_low, b_low):
+    """(B, K_in, N_out, lr, momentum, weight_decay) of one layer's SGD step; every argument checked
+    before anything is written."""
+    lr, momentum, weight_decay = _real("lr", lr), _real("momentum", momentum), _real("weight_decay", weight_decay)
+    check_tensor("x", x, ndim=2, dtypes=FLOATS)
+    check_tensor("dy", dy, ndim=2, dtypes=(x.dtype,), device=x.device)
+    b = check_rows("x_rows", x_rows, x.device) if x_rows is not None else x.shape[0]
+    k_in, n_out = x.shape[1], dy.shape[1]
+    if dy.shape[0] != b:
+        raise ValueError(f"dy: {dy.shape[0]} rows, expected {b} (the batch of x{'[x_rows]' if x_rows is not None else ''})")
+    for name, t, shape in (("w", w, (k_in, n_out)), ("bias", bias, (n_out,)),
+                           ("w_buf", w_buf, (k_in, n_out)), ("b_buf", b_buf, (n_out,))):
+        if t is None and name.endswith("_buf") and not momentum:
+            continue
+        if t is None:
+            raise ValueError(f"{name}: required" + (" when momentum != 0" if name.endswith("_buf") else ""))
+        check_tensor(name, t, dtypes=(torch.float32,), device=x.device)
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous float32 tensor of shape {shape}, got "
+                             f"{tuple(t.shape)}" + ("" if t.is_contiguous() else " (not contiguous)"))
+    for name, t, shape in (("w_low", w_low, (k_in, n_out)), ("b_low", b_low, (n_out,))):
+        if t is not None:
+            check_tensor(name, t, dtypes=(x.dtype,), device=x.device)
+            if tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor of shape {shape} in x's dtype")
+    return b, k_in, n_out, lr, momentum, weight_decay
 
 
 def relu_backward_args(grad, y) -> None:

@@ -20,15 +20,30 @@ def _act(y: torch.Tensor, activation) -> torch.Tensor:
     return torch.relu(y) if activation == "relu" else y
 
 
+def _rows(t: torch.Tensor, rows) -> torch.Tensor:
+    """t[rows], where an index outside [0, len(t)) reads a row of zeros (the kernels' contract)."""
+    if rows is None:
+        return t
+    inside = (rows >= 0) & (rows < t.shape[0])
+    picked = t.index_select(0, torch.where(inside, rows, torch.zeros_like(rows)))
+    return picked * inside.to(t.dtype).view(-1, *([1] * (t.dim() - 1)))
+
+
+def _relu_grad(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.where(y <= 0, torch.zeros((), dtype=g.dtype, device=g.device), g)
+
+
 class exact:
     """float64 references; results are float64 (loss and sums included)."""
 
     @staticmethod
-    def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, accumulate="fp32"):
-        y = _op(a, trans_a).double() @ _op(b, trans_b).double()
+    def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, accumulate="fp32",
+               a_rows=None, relu_grad_of=None):
+        y = _op(_rows(a.double(), a_rows), trans_a) @ _op(b, trans_b).double()
         if bias is not None:
             y = y + bias.double()
-        return _act(y, activation)
+        y = _act(y, activation)
+        return y if relu_grad_of is None else _relu_grad(y, relu_grad_of.double())
 
     @staticmethod
     def relu(x):
@@ -66,15 +81,31 @@ class exact:
             new_params.append(p - lr * d)
         return new_params, new_bufs
 
+    @staticmethod
+    def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None):
+        """(loss, dlogits) from the logits as matmul stores them: rounded to x's dtype."""
+        logits = exact.matmul(x, w, bias=bias).to(x.dtype)
+        return exact.softmax_cross_entropy(logits, _rows(labels, label_rows))
+
+    @staticmethod
+    def linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0, weight_decay=0.0, x_rows=None,
+                   w_low=None, b_low=None):
+        """New ([w, bias], [w_buf, b_buf] or []) in float64 from the exact gradients; inputs untouched."""
+        gw = _rows(x.double(), x_rows).t() @ dy.double()
+        return exact.sgd_update([w, bias], [gw, dy.double().sum(0)], [w_buf, b_buf] if momentum else None,
+                                lr=lr, momentum=momentum, weight_decay=weight_decay)
+
 
 class native:
     """What PyTorch itself runs in the working dtype: the speed baseline."""
 
     @staticmethod
-    def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, accumulate="fp32"):
-        a, b = _op(a, trans_a), _op(b, trans_b)
+    def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, accumulate="fp32",
+               a_rows=None, relu_grad_of=None):
+        a, b = _op(_rows(a, a_rows), trans_a), _op(b, trans_b)
         y = torch.addmm(bias, a, b) if bias is not None else a @ b
-        return _act(y, activation)
+        y = _act(y, activation)
+        return y if relu_grad_of is None else torch.ops.aten.threshold_backward(y, relu_grad_of, 0)
 
     @staticmethod
     def relu(x):
@@ -109,3 +140,18 @@ class native:
             torch._foreach_add_(params, momentum_bufs, alpha=-lr)
         else:
             torch._foreach_add_(params, grads, alpha=-lr)
+
+    @staticmethod
+    def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None):
+        logits = native.matmul(x, w, bias=bias)
+        return native.softmax_cross_entropy(logits, _rows(labels, label_rows))
+
+    @staticmethod
+    def linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0, weight_decay=0.0, x_rows=None,
+                   w_low=None, b_low=None):
+        gw = _rows(x, x_rows).t() @ dy
+        native.sgd_update([w, bias], [gw, native.bias_grad(dy)], [w_buf, b_buf] if momentum else None,
+                          lr=lr, momentum=momentum, weight_decay=weight_decay)
+        for low, p in ((w_low, w), (b_low, bias)):
+            if low is not None:
+                low.copy_(p)
