@@ -3,7 +3,9 @@
 A call's shape key is the name of its study and of its store entry:
 matmul (M, N, K) plus a layout ("nn", "tn", "nt", "tt": t = that operand is
 transposed), elementwise and row ops (M, N), softmax_cross_entropy (M, C),
-sgd_update (total parameter elements,).
+sgd_update (total parameter elements,), and the fused ops by their GEMM:
+linear_cross_entropy (M, N, K):nn (the logits), linear_sgd (K_in, N_out, B):tn
+(the weight gradient).
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from kernels_core.contract import DTYPE_NAMES, DTYPES, OPS
 from kernels_core.reference import exact
 
 OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
-           "softmax_cross_entropy": 2, "sgd_update": 1}
+           "softmax_cross_entropy": 2, "sgd_update": 1, "linear_cross_entropy": 3, "linear_sgd": 3}
+# The layout each fused op's GEMM has: the only one it takes.
+FUSED_LAYOUT = {"linear_cross_entropy": "nn", "linear_sgd": "tn"}
 LAYOUTS = ("nn", "tn", "nt", "tt")
 # Relative error ||out - ref|| / ||ref|| allowed per working dtype: a few units
 # of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
@@ -50,31 +54,42 @@ class Call:
                            bias=self.bias, activation=self.activation)
 
 
-def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str) -> list[Call]:
-    """Every distinct call of one training step of 784 -> hidden x layers -> 10.
+def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None) -> list[Call]:
+    """Every distinct call of one training step of 784 -> hidden x layers -> 10: the fused step's
+    (fused=True), the unfused step's (False), or both (None, the tuner's workload: the trainer
+    runs either, `--no-fuse` choosing).
 
     Weights are stored (in, out) row-major, so the forward pass is x @ W, the
     weight gradient h^T @ dY ("tn") and the input gradient dY @ W^T ("nt").
+    The fused step's first matmul gathers the batch and its "nt" matmuls mask
+    by the ReLU: calls of the same GEMM, tuned as the plain matmul.
     """
     if hidden < 1 or layers < 1 or batch < 1:
         raise ValueError(f"mnist-mlp needs hidden, layers, batch >= 1 (got {hidden}, {layers}, {batch})")
+    if fused is None:
+        return dedupe(mnist_mlp_calls(hidden, layers, batch, dtype, fused=True)
+                      + mnist_mlp_calls(hidden, layers, batch, dtype, fused=False))
     dims = [MNIST_IN] + [hidden] * layers + [MNIST_CLASSES]
     last = len(dims) - 2
     calls = []
     for i in range(len(dims) - 1):
-        calls.append(Call("matmul", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True,
-                          activation=None if i == last else "relu"))
+        if i == last and fused:
+            calls.append(Call("linear_cross_entropy", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True))
+        else:
+            calls.append(Call("matmul", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True,
+                              activation=None if i == last else "relu"))
     for i in range(len(dims) - 1):
-        calls.append(Call("matmul", dtype, (dims[i], dims[i + 1], batch), "tn"))
+        calls.append(Call("linear_sgd" if fused else "matmul", dtype, (dims[i], dims[i + 1], batch), "tn"))
         if i > 0:  # the input layer needs no gradient for its input
             calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt"))
-    calls += [
-        Call("relu_backward", dtype, (batch, hidden)),
-        Call("bias_grad", dtype, (batch, hidden)),
-        Call("bias_grad", dtype, (batch, MNIST_CLASSES)),
-        Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
-        Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),)),
-    ]
+    if not fused:
+        calls += [
+            Call("relu_backward", dtype, (batch, hidden)),
+            Call("bias_grad", dtype, (batch, hidden)),
+            Call("bias_grad", dtype, (batch, MNIST_CLASSES)),
+            Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
+            Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),)),
+        ]
     return dedupe(calls)
 
 
@@ -106,9 +121,10 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
 
 
 def calls_for_shapes(ops, dtype: str, shapes) -> list[Call]:
-    """Each op gets the given shapes of its rank (3 dims: matmul, 2: row ops, 1: sgd)."""
+    """Each op gets the given shapes of its rank (3 dims: matmul and the fused ops in their one
+    layout, 2: row ops, 1: sgd)."""
     return dedupe([Call(op, dtype, shape, layout) for op in ops for shape, layout in shapes
-                    if OP_RANK[op] == len(shape)])
+                    if OP_RANK[op] == len(shape) and FUSED_LAYOUT.get(op, layout) == layout])
 
 
 @dataclass
@@ -159,6 +175,16 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
         params = [randn(s[0], dtype=torch.float32)]
         bufs = [randn(s[0], dtype=torch.float32)]
         return OpInputs((params, [randn(s[0])], bufs), dict(SGD_HYPER))
+    if op == "linear_cross_entropy":
+        m, n, k = s
+        labels = torch.randint(0, n, (m,), generator=generator, device=device)
+        # Logits of about unit size, as a trained net's are: randn inputs over K terms scaled by 1/sqrt(K).
+        return OpInputs((randn(m, k), randn(k, n) * k ** -0.5, labels), {"bias": randn(n) if bias else None})
+    if op == "linear_sgd":
+        k_in, n_out, b = s
+        f32 = torch.float32
+        return OpInputs((randn(b, k_in), randn(b, n_out), randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32),
+                         randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32)), dict(SGD_HYPER))
     raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
 
 
@@ -173,13 +199,15 @@ def run(fn: Callable, op: str, inputs: OpInputs, config) -> list[torch.Tensor]:
     result = fn(*inputs.args, **kwargs)
     if op == "sgd_update":
         return list(inputs.args[0]) + list(inputs.args[2])
+    if op == "linear_sgd":  # w, bias, w_buf, b_buf: updated in place
+        return list(inputs.args[2:6])
     return list(result) if isinstance(result, tuple) else [result]
 
 
 def expected(op: str, inputs: OpInputs) -> list[torch.Tensor]:
     """The float64 reference outputs (inputs are left as they are)."""
     result = getattr(exact, op)(*inputs.args, **inputs.kwargs)
-    if op == "sgd_update":
+    if op in ("sgd_update", "linear_sgd"):
         params, bufs = result
         return params + bufs
     return list(result) if isinstance(result, tuple) else [result]
@@ -224,6 +252,12 @@ def flops_bytes(op: str, shape, dtype: str) -> tuple[float | None, float]:
     if op == "matmul":
         m, n, k = shape
         return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n))
+    if op == "linear_cross_entropy":  # dlogits written, the logits never
+        m, n, k = shape
+        return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n) + m * 8 + 4)
+    if op == "linear_sgd":  # x, dy read; fp32 w and its buffer read and written, no dW
+        k_in, n_out, b = shape
+        return 2.0 * k_in * n_out * b, float(elt * b * (k_in + n_out) + 16 * (k_in * n_out + n_out))
     if op == "sgd_update":
         (n,) = shape
         return None, float(n * (4 * 2 + 4 * 2 + elt))  # params and buffers read+written, grads read
@@ -234,11 +268,11 @@ def flops_bytes(op: str, shape, dtype: str) -> tuple[float | None, float]:
 
 
 def metric(op: str) -> str:
-    return "tflops" if op == "matmul" else "gbps"
+    return "tflops" if OP_RANK[op] == 3 else "gbps"
 
 
 def throughput(op: str, shape, dtype: str, time_ms: float) -> float:
-    """TFLOP/s for matmul, GB/s otherwise."""
+    """TFLOP/s for matmul and the fused GEMMs, GB/s otherwise."""
     flops, nbytes = flops_bytes(op, shape, dtype)
     seconds = time_ms / 1e3
     return flops / seconds / 1e12 if flops is not None else nbytes / seconds / 1e9

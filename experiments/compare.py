@@ -15,7 +15,10 @@ included, in one CUDA graph; torch.compile of the model with its loss and of
 the SGD step, alone, inside that graph (mode default, and
 max-autotune-no-cudagraphs), or in the modes that bring inductor's own CUDA
 graphs (reduce-overhead, max-autotune); and the cuda/triton backends on tuned
-configs (experiments/<target>/best.json) and on their defaults. The
+configs (experiments/<target>/best.json) and on their defaults, running the
+fused step (trainer.model), and on tuned configs unfused (`--no-fuse`), so
+a table shows what fusion buys. `ops_per_step` counts a step's GPU
+operations (kernels, memsets, copies), batch draw and loss record included. The
 max-autotune variants run only at the `--max-autotune-hidden` widths: they
 spend ~35 s per GEMM shape. Warm-up, compilation and autotuning are
 `setup_seconds`, kept out of the step times.
@@ -61,8 +64,10 @@ VARIANTS = {
     "torch-reduce-overhead": dict(backend="torch", compile="reduce-overhead"),
     "torch-max-autotune": dict(backend="torch", compile="max-autotune"),
     "cuda-tuned": dict(backend="cuda", tuned_configs="TUNED"),
+    "cuda-tuned-unfused": dict(backend="cuda", tuned_configs="TUNED", fuse=False),
     "cuda-default": dict(backend="cuda", tuned_configs="none"),
     "triton-tuned": dict(backend="triton", tuned_configs="TUNED"),
+    "triton-tuned-unfused": dict(backend="triton", tuned_configs="TUNED", fuse=False),
     "triton-default": dict(backend="triton", tuned_configs="none"),
 }
 # A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",
@@ -70,7 +75,7 @@ VARIANTS = {
 KEY = ("variant", "hidden", "dtype", "protocol", "run_length", "tuned_configs_sha", "commit")
 RUN = tuple(k for k in KEY if k not in ("variant", "tuned_configs_sha"))  # the rows a row is measured against
 COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "protocol", "run_length", "steps",
-           "median_step_us", "p20_step_us", "p80_step_us", "train_seconds", "setup_seconds", "final_loss",
+           "fused", "ops_per_step", "median_step_us", "p20_step_us", "p80_step_us", "train_seconds", "setup_seconds", "final_loss",
            "test_accuracy", "seconds_to_98", "speedup_vs_torch_eager", "speedup_vs_best_torch", "best_torch_variant",
            "max_loss_diff_vs_torch_eager", "tracks_torch_eager", "config_source", "tuned_configs_sha", "run_csv",
            *provenance()]
@@ -221,7 +226,8 @@ def main(argv=None) -> int:
                 eager_losses = losses
             row = dict(variant=variant, backend=cfg.backend, hidden=h, layers=cfg.layers,
                        batch_size=cfg.batch_size, dtype=dtype, protocol=args.protocol, run_length=run_length(cfg),
-                       steps=s.steps, median_step_us=s.median_step_us, p20_step_us=quantile(times, 0.2),
+                       steps=s.steps, fused="" if s.fused is None else s.fused, ops_per_step=s.ops_per_step or "",
+                       median_step_us=s.median_step_us, p20_step_us=quantile(times, 0.2),
                        p80_step_us=quantile(times, 0.8), train_seconds=s.train_seconds,
                        setup_seconds=s.setup_seconds, final_loss=s.final_loss, test_accuracy=s.test_accuracy,
                        seconds_to_98=s.seconds_to_98,
@@ -287,10 +293,11 @@ def _x(speedup) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'variant':24} {'H':>5} {'run length':>12} {'us/step':>9} {'vs eager':>8} {'vs best torch':>13} "
+    print(f"{'variant':24} {'H':>5} {'run length':>12} {'ops':>4} {'us/step':>9} {'vs eager':>8} {'vs best torch':>13} "
           f"{'acc':>7} {'loss':>8} {'setup s':>8}")
     for r in rows:
-        print(f"{r['variant']:24} {r['hidden']:>5} {r.get('run_length', ''):>12} {float(r['median_step_us']):9.1f} "
+        print(f"{r['variant']:24} {r['hidden']:>5} {r.get('run_length', ''):>12} {str(r.get('ops_per_step') or '-'):>4} "
+              f"{float(r['median_step_us']):9.1f} "
               f"{_x(r['speedup_vs_torch_eager']):>8} {_x(r['speedup_vs_best_torch']):>13} "
               f"{float(r['test_accuracy']):7.4f} {float(r['final_loss']):8.4f} {float(r['setup_seconds']):8.1f}")
 

@@ -149,3 +149,17 @@ def bench_in_graph(call: Callable[[], object], *, calls: int = 10, reps: int = 1
     """
     t = bench_graph(lambda: [call() for _ in range(calls)], steps=max(5, reps // 5))
     return Timing(t.median_ms / calls, t.p20_ms / calls, t.p80_ms / calls, t.reps)
+
+
+def device_ops(call: Callable[[], object]) -> int:
+    """How many operations (kernels, memsets, copies) one eager `call` puts on the GPU, counted
+    by the profiler (CUPTI), so kernels launched through CuPy or Triton count as torch's do.
+    In a CUDA graph each is a node: at a few µs apiece, the count bounds small steps."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)

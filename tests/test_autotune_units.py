@@ -100,13 +100,30 @@ def test_mnist_mlp_calls():
             ("softmax_cross_entropy", "64x10")} <= set(got)
     params = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
     assert ("sgd_update", str(params)) in got
-    assert len(calls) == len(got) == 8 + 5  # duplicates removed
-    assert len(workload.mnist_mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5
+    # Both steps' calls: the fused one adds its logits GEMM with the loss and one SGD GEMM per layer.
+    assert {("linear_cross_entropy", "64x10x256:nn"), ("linear_sgd", "784x256x64:tn"),
+            ("linear_sgd", "256x256x64:tn"), ("linear_sgd", "256x10x64:tn")} <= set(got)
+    assert len(calls) == len(got) == 8 + 5 + 4  # duplicates removed
+    assert len(workload.mnist_mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5 + 3
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_mnist_mlp_calls_of_each_step(layers):
+    fused = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=True)
+    unfused = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=False)
+    assert {c.op for c in fused} == {"matmul", "linear_cross_entropy", "linear_sgd"}
+    assert not {"linear_cross_entropy", "linear_sgd"} & {c.op for c in unfused}
+    # The fused step: every layer's forward and SGD GEMM, dX of all but the input layer; one call per
+    # distinct shape, so the hidden layers' repeats collapse.
+    assert len(fused) == (2 if layers == 1 else 3) + (2 if layers == 1 else 3) + (1 if layers == 1 else 2)
+    both = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32")
+    assert {(c.op, c.key) for c in both} == {(c.op, c.key) for c in fused + unfused}
 
 
 @pytest.mark.parametrize("op,shape,layout", [
     ("matmul", (8, 12, 16), "tn"), ("relu_backward", (4, 8), ""), ("softmax_cross_entropy", (6, 10), ""),
-    ("sgd_update", (50,), ""), ("bias_add", (4, 8), "")])
+    ("sgd_update", (50,), ""), ("bias_add", (4, 8), ""), ("linear_cross_entropy", (6, 10, 12), "nn"),
+    ("linear_sgd", (9, 5, 7), "tn")])
 def test_inputs_are_fresh_random_and_the_reference_checks_them(op, shape, layout):
     gen = torch.Generator().manual_seed(1)
     inputs = workload.make_inputs(op, "fp32", shape, layout, "cpu", gen, bias=True, activation="relu")

@@ -64,6 +64,7 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
         step_us = {"torch": 1000.0, "cuda": 250.0}[cfg.backend] * cfg.hidden / 128
         return types.SimpleNamespace(steps=3, median_step_us=step_us, train_seconds=1.0, setup_seconds=0.5,
                                      final_loss=1.0, test_accuracy=0.9, seconds_to_98=None, config_source="x",
+                                     fused=cfg.fuse if cfg.backend != "torch" else None, ops_per_step=None,
                                      csv=str(run_csv), provenance={"commit": "abc"})
 
     store = tmp_path / "best.json"
@@ -107,7 +108,7 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
         run_csv.write_text("step,loss,step_time_us\n" + "".join(f"{i},{v},{us}\n" for i, v in enumerate(losses)))
         return types.SimpleNamespace(steps=len(losses), median_step_us=us, train_seconds=1.0, setup_seconds=0.5,
                                      final_loss=losses[-1], test_accuracy=0.9, seconds_to_98=None, config_source="x",
-                                     csv=str(run_csv), provenance={"commit": "abc"})
+                                     fused=None, ops_per_step=None, csv=str(run_csv), provenance={"commit": "abc"})
 
     results = tmp_path / "results"
     monkeypatch.setattr(compare, "RESULTS", results)

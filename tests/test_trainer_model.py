@@ -8,6 +8,7 @@ fp32 master weights in fp16, and warm-up steps that leave no trace.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -15,10 +16,10 @@ import torch
 
 from autotune.store import ConfigStore
 from autotune.workload import mnist_mlp_calls, shape_key
-from kernels_core.contract import OPS, matmul_args
+from kernels_core.contract import DTYPES, OPS, matmul_args
 from kernels_core.reference import native
 from trainer.config import Config
-from trainer.tuned_configs import CallConfigs
+from trainer.tuned_configs import CallConfigs, as_fused
 from trainer.data import DEFAULT_DIR, DeviceBatches, load_mnist
 from trainer.model import OpsMLP
 from trainer.stepper import Stepper
@@ -47,7 +48,12 @@ class Spy:
         def call(*args, config=None, **kwargs):
             if op == "matmul":
                 ta, tb = kwargs.get("trans_a", False), kwargs.get("trans_b", False)
-                key = shape_key(matmul_args(args[0], args[1], None, None, ta, tb, "fp32"), ("t" if ta else "n") + ("t" if tb else "n"))
+                key = shape_key(matmul_args(args[0], args[1], None, None, ta, tb, "fp32", kwargs.get("a_rows")),
+                                ("t" if ta else "n") + ("t" if tb else "n"))
+            elif op == "linear_cross_entropy":
+                key = shape_key(matmul_args(args[0], args[1], None, None, False, False, "fp32"), "nn")
+            elif op == "linear_sgd":  # the weight gradient x^T dy: (K_in, N_out, batch)
+                key = shape_key((args[0].shape[1], args[1].shape[1], args[1].shape[0]), "tn")
             elif op == "sgd_update":
                 key = shape_key((sum(p.numel() for p in args[0]),))
             else:
@@ -63,7 +69,11 @@ def _data(dtype=torch.float32):
 
 
 def _ops_mlp(config, ops=SHIM, store=None):
-    configs = CallConfigs(store, "triton", config.dtype)
+    import kernels_triton
+
+    elt = torch.tensor([], dtype=DTYPES[config.dtype]).element_size()
+    configs = CallConfigs(store, "triton", config.dtype, valid_for=lambda op, key, cfg: as_fused(
+        op, key, cfg, kernels_triton.space(op, config.dtype), elt, 90))
     return OpsMLP(ops, initial_mlp(config.hidden, config.layers, config.seed), config, CPU, configs)
 
 
@@ -88,17 +98,19 @@ def test_initial_weights_are_shared_transposed():
     assert not torch.equal(other.weights()[0][0], ops_mlp.weights()[0][0])
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.0, 1e-3)])
-def test_ops_model_matches_torch_backend_losses(momentum, weight_decay):
+def test_ops_model_matches_torch_backend_losses(momentum, weight_decay, fuse):
     config = Config(hidden=32, layers=2, batch_size=16, lr=0.05, momentum=momentum, weight_decay=weight_decay)
     expected = _losses(TorchBackend(config, CPU), config, 100)
-    got = _losses(_ops_mlp(config), config, 100)
+    got = _losses(_ops_mlp(replace(config, backend="triton", fuse=fuse)), config, 100)
     assert expected[-10:].mean() < 0.6 * expected[:10].mean()  # it trained, so the comparison means something
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=0)
 
 
-def test_warm_up_leaves_no_trace():
-    config = Config(hidden=32, layers=1, batch_size=16, lr=0.05)
+@pytest.mark.parametrize("fuse", [True, False])
+def test_warm_up_leaves_no_trace(fuse):
+    config = Config(backend="triton", hidden=32, layers=1, batch_size=16, lr=0.05, fuse=fuse)
     with_warmup = _losses(_ops_mlp(config), config, 5, prepare=True)
     without = _losses(_ops_mlp(config), config, 5, prepare=False)
     assert torch.equal(with_warmup, without)
@@ -107,31 +119,39 @@ def test_warm_up_leaves_no_trace():
     assert torch.equal(torch_warm, torch_cold)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("layers", [1, 3])
-def test_step_makes_exactly_the_tuned_calls_with_the_stores_configs(dtype, layers):
+def test_step_makes_exactly_the_tuned_calls_with_the_stores_configs(dtype, layers, fuse):
     hidden, batch = 24, 8
-    config = Config(hidden=hidden, layers=layers, batch_size=batch, dtype=dtype)
+    config = Config(backend="triton", hidden=hidden, layers=layers, batch_size=batch, dtype=dtype, fuse=fuse)
     # An in-memory store with one tuned shape: its config must reach that call, and
     # the nearest-shape rule must hand it to the other "nn" matmuls.
     store = ConfigStore("cpu")
-    tuned = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+    tuned = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}
     store.put({"op": "matmul", "backend": "triton", "dtype": dtype, "shape": f"{batch}x{hidden}x784:nn",
                "config": tuned})
     spy = Spy(SHIM)
     model = _ops_mlp(config, ops=spy, store=store)
     data = _data()
-    model.step(data.train_x[:batch].to(torch.float16 if dtype == "fp16" else torch.float32), data.train_y[:batch])
+    x = data.train_x[:3 * batch].to(torch.float16 if dtype == "fp16" else torch.float32)
+    model.step(x, data.train_y[:3 * batch], torch.arange(batch, 3 * batch, 2))
 
     made = {(op, key) for op, key, _ in spy.calls}
-    workload = {(c.op, c.key) for c in mnist_mlp_calls(hidden, layers, batch, dtype)}
+    workload = {(c.op, c.key) for c in mnist_mlp_calls(hidden, layers, batch, dtype, fused=fuse)}
     assert made == workload
+    assert len(spy.calls) == (3 * (layers + 1) - 1 if fuse else len(spy.calls))  # the fused step's kernels
     for op, key, cfg in spy.calls:
-        assert cfg == store.lookup(op, "triton", dtype, key)[0], (op, key)
+        if op == "linear_cross_entropy":  # no entry of its own: the matmul config of its GEMM, here nearest
+            assert cfg == {**tuned, "SPLIT_K": 1}, (op, key)
+        elif op != "linear_sgd":  # no "tn" matmul in the store to borrow from: the default
+            assert cfg == store.lookup(op, "triton", dtype, key)[0], (op, key)
+        else:
+            assert cfg is None
     assert ("matmul", f"{batch}x{hidden}x784:nn", tuned) in spy.calls
-    assert ("matmul", f"{batch}x10x{hidden}:nn", tuned) in spy.calls  # nearest
     table = model.configs.table()
-    assert "tuned" in table and f"nearest:{batch}x{hidden}x784:nn" in table and "default" in table
+    nearest = f"{'matmul:' if fuse else ''}nearest:{batch}x{hidden}x784:nn"
+    assert "tuned" in table and nearest in table and "default" in table
 
 
 def test_fp16_keeps_fp32_master_weights_and_tracks_torch_autocast():

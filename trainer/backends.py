@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from kernels_core import backends as kernel_packages
-from kernels_core.contract import device_arch
+from kernels_core.contract import DTYPES, device_arch
 from trainer.config import Config
-from trainer.tuned_configs import CallConfigs, open_store
+from trainer.tuned_configs import CallConfigs, as_fused, open_store
 from trainer.model import OpsMLP
 from trainer.torch_backend import TorchBackend, initial_mlp
 
@@ -36,7 +36,9 @@ def make_backend(config: Config, device: torch.device):
     if config.backend == "torch":
         return TorchBackend(config, device), None
     ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
+    arch, elt = device_arch(device), DTYPES[config.dtype].itemsize
     configs = CallConfigs(open_store(config), config.backend, config.dtype,
-                          default_of=lambda op: ops.space(op, config.dtype).default_for(device_arch(device)))
+                          default_of=lambda op: ops.space(op, config.dtype).default_for(arch),
+                          valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt, arch))
     initial = initial_mlp(config.hidden, config.layers, config.seed)
     return OpsMLP(ops, initial, config, device, configs), configs

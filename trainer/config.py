@@ -44,6 +44,7 @@ class Config:
     train_subset: int = 0  # > 0: train on the first N images only (quick runs)
     out: str = "experiments"
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
+    fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
     eval_every: int = 0  # steps between test evaluations; 0: end of each epoch
@@ -60,6 +61,8 @@ class Config:
             raise ValueError(f"--compile {self.compile} already uses CUDA graphs; drop --torch-graph")
         if (self.compile or self.torch_graph) and self.backend != "torch":
             raise ValueError("--compile and --torch-graph apply to the torch backend only")
+        if not self.fuse and self.backend == "torch":
+            raise ValueError("--no-fuse applies to the cuda and triton backends only")
         for name in ("hidden", "layers", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -130,6 +133,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help=f"output root; runs go to <out>/runs/ (default {d.out})")
     p.add_argument("--no-graph", dest="graph", action="store_const", const=False,
                    help="cuda/triton: launch eagerly instead of replaying one CUDA graph per step")
+    p.add_argument("--no-fuse", dest="fuse", action="store_const", const=False,
+                   help="cuda/triton: one kernel per op (matmul, loss, relu_backward, bias_grad, sgd_update) "
+                        "instead of the fused step, to see what fusion buys")
     p.add_argument("--compile", choices=COMPILE_MODES,
                    help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,

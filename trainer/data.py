@@ -164,10 +164,16 @@ class DeviceBatches:
         self.perm.copy_(torch.randperm(len(self.x), generator=self._gen, device=self.x.device))
         self.pos.zero_()
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(x, y, slot): the batch and its step index within the epoch (a device scalar)."""
+    def next_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, slot): the batch's row indices into x and y, and its step index within the epoch
+        (a device scalar). A step that gathers its batch itself (the fused step) takes these."""
         # Wrapping keeps timing loops that run past an epoch inside the permutation.
         slot = self.pos.remainder(self.steps_per_epoch)
-        idx = self.perm.index_select(0, slot * self.batch + self._offsets)
+        rows = self.perm.index_select(0, slot * self.batch + self._offsets)
         self.pos.add_(1)
-        return self.x.index_select(0, idx), self.y.index_select(0, idx), slot
+        return rows, slot
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, y, slot): the batch and its step index within the epoch (a device scalar)."""
+        rows, slot = self.next_rows()
+        return self.x.index_select(0, rows), self.y.index_select(0, rows), slot

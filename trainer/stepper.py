@@ -24,12 +24,20 @@ class Stepper:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def eager(self) -> None:
-        x, y, slot = self.batches.next()
-        loss = self.backend.step(x, y)
+        if getattr(self.backend, "gathers_batch", False):  # its kernels read the batch's rows themselves
+            rows, slot = self.batches.next_rows()
+            loss = self.backend.step(self.batches.x, self.batches.y, rows)
+        else:
+            x, y, slot = self.batches.next()
+            loss = self.backend.step(x, y)
         self.losses.index_copy_(0, slot.view(1), loss.view(1).float())
 
     def prepare(self, capture: bool) -> None:
-        """Compile (and capture) before the clock starts; leaves the state as it was."""
+        """Compile (and capture) before the clock starts; leaves the state as it was.
+
+        On a GPU it also counts the device operations (kernels, memsets, copies) of one eager
+        step, `ops_per_step`: what a step costs in launches, the quantity the fused step cuts.
+        """
         saved = self.backend.snapshot()
         if capture:
             self.graph = timing.capture(self.eager, warmup=GRAPH_WARMUP)
@@ -37,8 +45,12 @@ class Stepper:
             # A backend whose first steps are not yet its steady state says how many there are.
             for _ in range(getattr(self.backend, "warmup_steps", 1)):
                 self.eager()
+        if self.losses.device.type == "cuda":
+            self.ops_per_step = timing.device_ops(self.eager)
         self.backend.restore(saved)
         self.batches.pos.zero_()
+
+    ops_per_step: int | None = None
 
     def __call__(self) -> None:
         if self.graph is not None:

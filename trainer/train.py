@@ -68,6 +68,8 @@ class Summary:
     final_loss: float
     graph: bool
     compile: str | None
+    fused: bool | None  # cuda/triton: the fused step (None for torch)
+    ops_per_step: int | None  # GPU operations of one step (kernels, memsets, copies); None on a CPU
     config_source: str
     csv: str
     provenance: dict = field(default_factory=dict)
@@ -252,7 +254,8 @@ def train(config: Config) -> Summary:
         dtype=config.dtype, steps=step, epochs=round(step / spe, 3), test_accuracy=acc,
         train_seconds=train_seconds, setup_seconds=setup_seconds, seconds_to_98=to_98,
         median_step_us=statistics.median(all_times), final_loss=last_loss, graph=graph,
-        compile=config.compile, config_source=configs.sources() if configs else "n/a",
+        compile=config.compile, fused=config.fuse if config.backend != "torch" else None,
+        ops_per_step=stepper.ops_per_step, config_source=configs.sources() if configs else "n/a",
         csv=str(csv_path), provenance=provenance(),
     )
     summary_path = csv_path.with_suffix(".json")

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from autotune.store import StoreError, load_store, store_path
 from autotune.targets import local_gpu
+from autotune.store import parse_shape_key
+from kernels_core.contract import FUSED_OPS, check_block_holds_row
+from kernels_core.space import Space
 from trainer.config import Config
 
 
@@ -66,22 +69,51 @@ def open_store(config: Config):
         return None
 
 
-class CallConfigs:
-    """Config per (op, shape key), looked up once and remembered for the table."""
+def as_fused(op: str, key: str, matmul_config: dict, space: Space, elt: int, arch: int) -> dict | None:
+    """A matmul config as fused `op` runs it on the GEMM `key`: tunables outside the op's space
+    take the op's default value; None if the result is still invalid there."""
+    default = space.default_for(arch)
+    config = {name: matmul_config.get(name, default[name]) for name in space.params}
+    config = {name: v if v in space.params[name] else default[name] for name, v in config.items()}
+    if space.violated(config, elt, arch):
+        return None
+    if op == "linear_cross_entropy":
+        try:
+            check_block_holds_row(config, parse_shape_key(key)[0][1])
+        except ValueError:
+            return None
+    return config
 
-    def __init__(self, store, backend: str, dtype: str, default_of=None):
+
+class CallConfigs:
+    """Config per (op, shape key), looked up once and remembered for the table.
+
+    A fused op (linear_cross_entropy, linear_sgd) is a GEMM with another
+    epilogue: where the store has no config of its own for the call, it runs
+    on the tuned matmul config of the same GEMM (source "matmul:<source>"),
+    each tunable the fused op's space lacks set to the op's default value
+    (linear_sgd has SPLIT_K = 1 only), provided the result is valid there.
+    """
+
+    def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None):
         self.store, self.backend, self.dtype = store, backend, dtype
         self._default_of = default_of  # op -> the config the kernel uses when given None
+        self._valid_for = valid_for  # (op, config) -> the config as the op's space allows it, or None
         self.chosen: dict[tuple[str, str], tuple[dict | None, str]] = {}
 
     def get(self, op: str, key: str) -> dict | None:
         if (op, key) not in self.chosen:
             found = self.store.lookup(op, self.backend, self.dtype, key) if self.store else (None, "default")
+            if found[0] is None and op in FUSED_OPS and self.store and self._valid_for:
+                borrowed, source = self.store.lookup("matmul", self.backend, self.dtype, key)
+                borrowed = self._valid_for(op, key, borrowed) if borrowed is not None else None
+                if borrowed is not None:
+                    found = (borrowed, f"matmul:{source}")
             self.chosen[(op, key)] = found
         return self.chosen[(op, key)][0]
 
     def sources(self) -> str:
-        """One word for the summary: tuned, nearest, default, or mixed."""
+        """One word for the summary: tuned, nearest, default, matmul or mixed."""
         kinds = {source.split(":")[0] for _, source in self.chosen.values()}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
