@@ -158,7 +158,7 @@ class DeviceBatches:
         # The identity until the first epoch, so warm-up steps read valid rows.
         self.perm = torch.arange(len(x), device=device)
         self.pos = torch.zeros((), dtype=torch.int64, device=device)
-        self._offsets = torch.arange(batch, device=device)
+        self._batches = self.perm[:self.steps_per_epoch * batch].view(self.steps_per_epoch, batch)
 
     def new_epoch(self) -> None:
         self.perm.copy_(torch.randperm(len(self.x), generator=self._gen, device=self.x.device))
@@ -169,7 +169,9 @@ class DeviceBatches:
         (a device scalar). A step that gathers its batch itself (the fused step) takes these."""
         # Wrapping keeps timing loops that run past an epoch inside the permutation.
         slot = self.pos.remainder(self.steps_per_epoch)
-        rows = self.perm.index_select(0, slot * self.batch + self._offsets)
+        # The epoch's batches as the rows of a matrix: one gather picks the slot's, where index
+        # arithmetic would cost two more kernels per step.
+        rows = self._batches.index_select(0, slot.view(1)).view(self.batch)
         self.pos.add_(1)
         return rows, slot
 
