@@ -47,9 +47,26 @@ def torch_losses(tmp_path_factory):
     return _losses(tmp_path_factory.mktemp("torch"), backend="torch", steps=100)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("backend", KERNELS)
-def test_kernel_backends_match_torch_at_the_default_size(backend, torch_losses, tmp_path):
-    _assert_tracks(_losses(tmp_path, backend=backend, steps=100), torch_losses)
+def test_kernel_backends_match_torch_at_the_default_size(backend, fuse, torch_losses, tmp_path):
+    _assert_tracks(_losses(tmp_path, backend=backend, steps=100, fuse=fuse), torch_losses)
+
+
+# The batch draw and the loss record around the model's kernels: the slot (remainder), its rows
+# (index_select), the counter (add_), the loss written at the slot (index_copy).
+BOOKKEEPING_OPS = 4
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("backend", KERNELS)
+def test_fused_step_runs_three_kernels_per_layer(backend, layers, tmp_path):
+    fused = train(Config(backend=backend, layers=layers, hidden=256, steps=20, out=str(tmp_path), progress=False))
+    unfused = train(Config(backend=backend, layers=layers, hidden=256, steps=20, fuse=False, out=str(tmp_path),
+                           progress=False))
+    # Forward, dX and the SGD GEMM per layer, no dX for the input layer: 3 per layer, one fewer in all.
+    assert fused.ops_per_step == 3 * (layers + 1) - 1 + BOOKKEEPING_OPS, fused.ops_per_step
+    assert unfused.ops_per_step > fused.ops_per_step + 2 * layers
 
 
 @pytest.mark.parametrize("backend", KERNELS)
