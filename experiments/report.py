@@ -120,6 +120,9 @@ def _step_time_table(df: pd.DataFrame, with_accuracy: bool) -> str:
     if with_accuracy:
         acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
         cells["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
+    if "ops_per_step" in df and df.ops_per_step.notna().any():  # counted since the fused step (section 13)
+        ops = df.pivot_table(index="variant", values="ops_per_step", aggfunc="max").ops_per_step
+        cells["GPU ops/step"] = ops.reindex(cells.index).map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
     setup = df.pivot_table(index="variant", values="setup_seconds", aggfunc="max")
     cells["max setup s"] = setup.setup_seconds.map("{:.1f}".format)
     return _table(cells.reset_index())
