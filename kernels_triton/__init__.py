@@ -1,14 +1,17 @@
 """Triton twin of `kernels_cuda`: the ops of a small MLP's training step.
 
 Same functions, signatures and search spaces-as-data as the raw-CUDA twin
-(see `kernels_core.contract`): matmul (with fused bias + ReLU), relu,
-relu_backward, bias_add, bias_grad, softmax_cross_entropy and sgd_update,
-plus `space(op, dtype)` and two resource probes, `compile_report` (offline,
+(see `kernels_core.contract`): matmul (with fused bias + ReLU, row gathers
+and the ReLU-gradient mask), relu, relu_backward, bias_add, bias_grad,
+softmax_cross_entropy, sgd_update and the fused step's linear_cross_entropy
+and linear_sgd (GEMMs whose epilogues run the loss and the update), plus
+`space(op, dtype)` and two resource probes, `compile_report` (offline,
 any target) and `resource_report` (the last launch on this GPU).
 
 Module map, the same as the CUDA twin's: matmul.py, elementwise.py (relu,
 relu_backward, bias_add), reduction.py (bias_grad), loss.py
-(softmax_cross_entropy), optim.py (sgd_update), reports.py (resource
+(softmax_cross_entropy), optim.py (sgd_update), fused.py
+(linear_cross_entropy, linear_sgd: matmul.py's kernel), reports.py (resource
 figures), _runtime.py (device checks, config resolution, launching).
 """
 import os
@@ -24,9 +27,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 from kernels_core.contract import check_op  # noqa: E402
 from kernels_core.space import Space  # noqa: E402
 
-from . import elementwise, loss, optim, reduction  # noqa: E402
+from . import elementwise, fused, loss, optim, reduction  # noqa: E402
 from .matmul import SPACES as _MATMUL_SPACES  # noqa: E402
 from .elementwise import bias_add, relu, relu_backward  # noqa: E402
+from .fused import linear_cross_entropy, linear_sgd  # noqa: E402
 from .loss import softmax_cross_entropy  # noqa: E402
 from .matmul import matmul  # noqa: E402
 from .optim import sgd_update  # noqa: E402
@@ -35,7 +39,7 @@ from .reports import compile_report, resource_report  # noqa: E402
 
 __all__ = [
     "matmul", "relu", "relu_backward", "bias_add", "bias_grad", "softmax_cross_entropy", "sgd_update",
-    "space", "compile_report", "resource_report",
+    "linear_cross_entropy", "linear_sgd", "space", "compile_report", "resource_report",
 ]
 
 _SPACES = {
@@ -46,6 +50,7 @@ _SPACES = {
     "bias_grad": reduction.SPACES,
     "softmax_cross_entropy": loss.SPACES,
     "sgd_update": optim.SPACES,
+    **fused.SPACES,
 }
 
 

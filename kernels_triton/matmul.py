@@ -1,4 +1,4 @@
-"""Matrix multiplication with a fused bias + ReLU epilogue.
+"""Matrix multiplication with a fused bias + ReLU epilogue, and the fused step's GEMMs.
 
 Each program computes one BLOCK_M x BLOCK_N tile of C = op(A) @ op(B) by
 walking K in BLOCK_K steps, accumulating in fp32 (or fp16 on request) with
@@ -16,6 +16,20 @@ the unit one, and Triton specializes a stride of 1 as a constant so the loads
 vectorize. Ragged edges: rows and columns past M and N wrap around (modulo)
 instead of being masked, which keeps the inner loop's loads unmasked along M
 and N; only the K tail is masked, and the final store drops the wrapped rows.
+
+Gathers and the ReLU-gradient mask, for the fused training step. With a_rows
+(GATHER_A) op(A) is read as a[a_rows], rows of the stored tensor, so a batch
+drawn by index from the whole dataset costs no gather kernel: along M (no
+transpose) a tile loads its BLOCK_M indices once and offsets its row pointers
+by them; along K (trans_a, linear_sgd's x_rows) every K step loads its
+BLOCK_K indices. An index outside a is masked: a row of zeros, never a read
+out of bounds (those loads, and only they, carry a mask along M). With
+relu_grad_of (RELU_GRAD) the epilogue reads y and stores 0 where y <= 0: the
+gradient through a ReLU without a relu_backward kernel. The EPILOGUE constexpr
+picks what happens to the finished fp32 tile: stored as C (PLAIN), or the
+softmax cross-entropy or SGD step of fused.py (CROSS_ENTROPY, SGD; their
+docstring). Every flag left off compiles nothing: plain matmul is the kernel
+it was, its extra parameters placeholders it never reads.
 
 Split-K, for outputs of few tiles. The trainer's products are short and deep
 (128x1024 or 32x10 outputs over K = 784..8192): one program per tile leaves
@@ -58,27 +72,115 @@ from kernels_core.space import Space
 from kernels_core.workspace import splitk_slices, splitk_workspace
 
 from . import _runtime as rt
+from .optim import sgd_rule
 
 
 @triton.jit
-def _epilogue(out, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_bias,
-              HAS_BIAS: tl.constexpr, RELU: tl.constexpr):
-    """Bias, ReLU and the store of one fp32 tile of C: applied once per tile."""
+def _epilogue(out, c_ptr, bias_ptr, y_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_bias,
+              stride_ym, stride_yn, HAS_BIAS: tl.constexpr, RELU: tl.constexpr, RELU_GRAD: tl.constexpr):
+    """Bias, ReLU (or relu_grad_of's mask) and the store of one fp32 tile of C: applied once per tile."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         out += bias.to(tl.float32)[None, :]
     if RELU:
         out = tl.where(out < 0, 0.0, out)  # NaN < 0 is false: NaN passes through
+    if RELU_GRAD:
+        # Compared in fp32: the interpreter holds bf16 as raw bits, whose order is not the values'.
+        y = tl.load(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, mask=mask, other=1.0)
+        out = tl.where(y.to(tl.float32) <= 0, 0.0, out)  # NaN <= 0 is false: a NaN y passes the gradient on
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _cross_entropy_epilogue(
+    out, dlogits_ptr, bias_ptr, labels_ptr, label_rows_ptr, flag_ptr, loss_ptr, slots_ptr, loss_counter_ptr,
+    pid_m, num_pid_m, offs_m, offs_n, M, N, LABELS, stride_cm, stride_cn, stride_bias, stride_label, inv_m, rows_f,
+    HAS_BIAS: tl.constexpr, LABEL_ROWS: tl.constexpr,
+):
+    """linear_cross_entropy's epilogue (fused.py): softmax cross-entropy of the tile's rows, whole rows
+    (BLOCK_N >= N), then the row tile's share of the mean loss by the last-arrival protocol."""
+    row_ok = offs_m < M
+    col_ok = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=col_ok, other=0.0)
+        out += bias.to(tl.float32)[None, :]
+    # The logits as matmul would store them (x's dtype). Columns past N hold
+    # wrapped copies of real ones: -inf keeps them out of the softmax.
+    z = tl.where(col_ok[None, :], out.to(dlogits_ptr.dtype.element_ty).to(tl.float32), float("-inf"))
+    m = tl.max(z, axis=1)
+    shift = tl.where(m == float("-inf"), 0.0, m)  # a row of -inf: exp(-inf - 0) = 0, where -inf - -inf is NaN
+    lse = shift + tl.log(tl.sum(tl.exp(z - shift[:, None]), axis=1))
+    if LABEL_ROWS:  # an index outside labels reads label 0, as a_rows reads a row of zeros
+        picks = tl.load(label_rows_ptr + offs_m, mask=row_ok, other=0)
+        picked = row_ok & (picks >= 0) & (picks < LABELS)
+        label = tl.load(labels_ptr + tl.where(picked, picks, 0) * stride_label, mask=picked, other=0)
+    else:
+        label = tl.load(labels_ptr + offs_m * stride_label, mask=row_ok, other=0)
+    hit = offs_n[None, :] == label[:, None]
+    bad = row_ok & ((label < 0) | (label >= N))
+    row_loss = tl.where(bad, float("nan"), lse - tl.sum(tl.where(hit, z, 0.0), axis=1))
+    g = (tl.exp(z - lse[:, None]) - tl.where(hit, 1.0, 0.0)) * inv_m
+    tl.store(dlogits_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+             g.to(dlogits_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    # The contract's label flag; rows racing here all write a bad label and the same N.
+    same = offs_m * 0
+    tl.store(flag_ptr + same, 1, mask=bad)
+    tl.store(flag_ptr + 1 + same, label, mask=bad)
+    tl.store(flag_ptr + 2 + same, N + same, mask=bad)
+
+    # The mean over rows without float atomics: this row tile's sum goes to its
+    # slot; the last tile to arrive sums the slots in slot order (memory
+    # ordering as for the split-K partials: see the module docstring).
+    tl.store(slots_ptr + pid_m, tl.sum(tl.where(row_ok, row_loss, 0.0), axis=0))
+    tl.debug_barrier()
+    arrived = tl.atomic_add(loss_counter_ptr, 1, sem="acq_rel")
+    if arrived == num_pid_m - 1:
+        total = tl.load(slots_ptr, cache_modifier=".cg")
+        for t in range(1, num_pid_m):
+            total += tl.load(slots_ptr + t, cache_modifier=".cg")
+        tl.store(loss_ptr, tl.math.div_rn(total, rows_f))  # sum / M, correctly rounded (fp32 "/" is not)
+        tl.store(loss_counter_ptr, 0)  # zero again for the next call
+
+
+@triton.jit
+def _sgd_epilogue(
+    gw, w_ptr, bias_ptr, w_buf_ptr, b_buf_ptr, w_low_ptr, b_low_ptr, dy_ptr,
+    pid_m, offs_m, offs_n, M, N, B, stride_wm, stride_wn, stride_dyb, stride_dyn, lr, momentum, weight_decay,
+    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """linear_sgd's epilogue (fused.py): sgd_update's rule on the tile of w from its gradient in
+    registers; the tile-row 0 programs also sum dy's columns for the bias and update it."""
+    col_ok = offs_n < N
+    offs = offs_m[:, None] * stride_wm + offs_n[None, :] * stride_wn
+    sgd_rule(gw, w_ptr + offs, w_buf_ptr + offs, w_low_ptr + offs, (offs_m < M)[:, None] & col_ok[None, :],
+             lr, momentum, weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, W_LOW)
+    if pid_m == 0:
+        # Column sums of dy in BLOCK_K-row chunks, chunk after chunk: a fixed order, so the same bits on every run.
+        gb = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        rows = tl.arange(0, BLOCK_K)
+        for r0 in range(0, B, BLOCK_K):
+            r = r0 + rows
+            chunk = tl.load(dy_ptr + r[:, None] * stride_dyb + offs_n[None, :] * stride_dyn,
+                            mask=(r < B)[:, None] & col_ok[None, :], other=0.0)
+            gb += tl.sum(chunk.to(tl.float32), axis=0)
+        sgd_rule(gb, bias_ptr + offs_n, b_buf_ptr + offs_n, b_low_ptr + offs_n, col_ok,
+                 lr, momentum, weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, B_LOW)
 
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, partials_ptr, counters_ptr,
-    M, N, K, K_SLICE,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_bias,
+    a_ptr, b_ptr, c_ptr, bias_ptr, partials_ptr, counters_ptr, a_rows_ptr, y_ptr,
+    labels_ptr, label_rows_ptr, flag_ptr, loss_ptr, slots_ptr, loss_counter_ptr,
+    buf_ptr, bias_buf_ptr, low_ptr, bias_low_ptr,
+    M, N, K, K_SLICE, A_ROWS, LABELS,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_bias, stride_ym, stride_yn,
+    stride_label, inv_m, rows_f, lr, momentum, weight_decay,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, ACC_FP16: tl.constexpr, UPCAST: tl.constexpr,
+    GATHER_A: tl.constexpr, RELU_GRAD: tl.constexpr, EPILOGUE: tl.constexpr, LABEL_ROWS: tl.constexpr,
+    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
@@ -101,14 +203,28 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + ((offs_m % M)[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak)
+    if GATHER_A == 1:  # a_rows along M: this tile's rows of a, a row of zeros for an index outside a
+        picks = tl.load(a_rows_ptr + offs_m % M)
+        a_row_ok = (picks >= 0) & (picks < A_ROWS)
+        a_ptrs = a_ptr + (tl.where(a_row_ok, picks, 0)[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak)
+    elif GATHER_A == 2:  # a_rows along K: the column offsets come from a_rows, step by step
+        a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am
+    else:
+        a_ptrs = a_ptr + ((offs_m % M)[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak)
     b_ptrs = b_ptr + ((k_start + offs_k)[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn)
 
     acc_dtype = tl.float16 if ACC_FP16 else tl.float32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_dtype)
     for k in range(0, tl.cdiv(k_len, BLOCK_K)):
         k_left = k_len - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        if GATHER_A == 2:  # a_rows along K: each step gathers its BLOCK_K rows of the stored a
+            picks = tl.load(a_rows_ptr + k_start + k * BLOCK_K + offs_k, mask=offs_k < k_left, other=-1)
+            k_ok = (picks >= 0) & (picks < A_ROWS)
+            a = tl.load(a_ptrs + tl.where(k_ok, picks, 0)[None, :] * stride_ak, mask=k_ok[None, :], other=0.0)
+        elif GATHER_A == 1:
+            a = tl.load(a_ptrs, mask=a_row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if UPCAST:
             # Triton's interpreter (3.9) returns garbage for bf16 x bf16 dots;
@@ -117,33 +233,47 @@ def _matmul_kernel(
             b = b.to(tl.float32)
         # "ieee" keeps fp32 inputs exact (no TF32); it does not affect fp16/bf16.
         acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc_dtype)
-        a_ptrs += BLOCK_K * stride_ak
+        if GATHER_A != 2:
+            a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
+    out = acc.to(tl.float32)
     if SPLIT_K == 1:
-        _epilogue(acc.to(tl.float32), c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_bias,
-                  HAS_BIAS, RELU)
+        last = True
     else:
         # Rows and columns past M and N are stored too (wrapped values that
         # never reach C), so the partial needs no mask.
         tile_elems = BLOCK_M * BLOCK_N
         offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         tile_ptr = partials_ptr + pid * (SPLIT_K * tile_elems)
-        tl.store(tile_ptr + tl.program_id(1) * tile_elems + offs_tile, acc.to(tl.float32))
+        tl.store(tile_ptr + tl.program_id(1) * tile_elems + offs_tile, out)
         # All threads' stores before the one thread's release (see the module
         # docstring). Triton 3.9 happens to put a barrier there for its own
         # shared-memory reuse; this one does not depend on that.
         tl.debug_barrier()
         arrived = tl.atomic_add(counters_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        last = arrived == SPLIT_K - 1
+    if last:  # SPLIT_K == 1: a constant, so no branch is compiled
+        if SPLIT_K > 1:
             # Last of the tile: every partial is visible (acquire, then ".cg"
             # reads from L2), summed in slice order whoever this program is.
             out = tl.load(tile_ptr + offs_tile, cache_modifier=".cg")
             for s in tl.static_range(1, SPLIT_K):
                 out += tl.load(tile_ptr + s * tile_elems + offs_tile, cache_modifier=".cg")
             tl.store(counters_ptr + pid, 0)  # zero again for the next call: nothing else reads it in this one
-            _epilogue(out, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_bias,
-                      HAS_BIAS, RELU)
+        if EPILOGUE == 0:
+            _epilogue(out, c_ptr, bias_ptr, y_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, stride_bias,
+                      stride_ym, stride_yn, HAS_BIAS, RELU, RELU_GRAD)
+        elif EPILOGUE == 1:
+            _cross_entropy_epilogue(
+                out, c_ptr, bias_ptr, labels_ptr, label_rows_ptr, flag_ptr, loss_ptr, slots_ptr, loss_counter_ptr,
+                pid_m, num_pid_m, offs_m, offs_n, M, N, LABELS, stride_cm, stride_cn, stride_bias, stride_label,
+                inv_m, rows_f, HAS_BIAS, LABEL_ROWS)
+        else:
+            _sgd_epilogue(
+                out, c_ptr, bias_ptr, buf_ptr, bias_buf_ptr, low_ptr, bias_low_ptr, b_ptr,
+                pid_m, offs_m, offs_n, M, N, K, stride_cm, stride_cn, stride_bk, stride_bn, lr, momentum,
+                weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, W_LOW, B_LOW, BLOCK_N, BLOCK_K)
 
 
 # num_stages 2 and 5 and num_warps 1 are left out to keep the space small and
@@ -217,50 +347,90 @@ def _span(t: torch.Tensor) -> int:
     return sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
 
 
+# The kernel's epilogues (its EPILOGUE constexpr): matmul's own, and fused.py's two.
+PLAIN, CROSS_ENTROPY, SGD = 0, 1, 2
+
+
+def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int, *, trans_a=False, trans_b=False,
+                bias=None, activation=None, accumulate="fp32", epilogue=PLAIN, **extra) -> rt.Plan:
+    """The launch of _matmul_kernel for checked arguments (M, N > 0): strides, split-K slices and
+    scratch, and every parameter an epilogue or gather does not set in `extra` as a placeholder
+    that its constexprs leave unread (pointers: c itself)."""
+    for name, t in (("a", a), ("b", b), ("out", c)):
+        if _span(t) > _MAX_I32:
+            raise ValueError(f"{name}: spans more than 2**31 elements; the kernel uses 32-bit offsets")
+    stride_am, stride_ak = (a.stride(1), a.stride(0)) if trans_a else (a.stride(0), a.stride(1))
+    stride_bk, stride_bn = (b.stride(1), b.stride(0)) if trans_b else (b.stride(0), b.stride(1))
+    constexprs = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+    row_tiles = cdiv(M, cfg["BLOCK_M"])
+    tiles = row_tiles * cdiv(N, cfg["BLOCK_N"])
+    # The kernel's SPLIT_K is the number of slices that hold any K: empty ones are not launched.
+    k_slice, split_k = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
+    constexprs["SPLIT_K"] = split_k
+    partials = counters = c  # placeholders: SPLIT_K == 1 compiles no access to them
+    partial_elems = tiles * split_k * cfg["BLOCK_M"] * cfg["BLOCK_N"] if split_k > 1 else 0
+    loss_slots = row_tiles if epilogue == CROSS_ENTROPY else 0
+    if partial_elems + loss_slots > _MAX_I32:
+        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']} needs {partial_elems} partial sums for a {M}x{N} "
+                         "output, more than 2**31; the kernel uses 32-bit offsets")
+    if partial_elems or loss_slots:
+        # One workspace for both protocols (fused.py's docstring): partials, then the row tiles' loss
+        # slots; the tiles' counters, then the loss counter.
+        partials, counters = splitk_workspace(a.device, partial_elems + loss_slots, tiles + (1 if loss_slots else 0))
+    if loss_slots:
+        extra.update(slots_ptr=partials[partial_elems:], loss_counter_ptr=counters[tiles:])
+    args = dict(
+        a_ptr=a, b_ptr=b, c_ptr=c, bias_ptr=bias if bias is not None else c,
+        partials_ptr=partials, counters_ptr=counters,
+        a_rows_ptr=c, y_ptr=c, labels_ptr=c, label_rows_ptr=c, flag_ptr=c, loss_ptr=c, slots_ptr=c,
+        loss_counter_ptr=c, buf_ptr=c, bias_buf_ptr=c, low_ptr=c, bias_low_ptr=c,
+        M=M, N=N, K=K, K_SLICE=k_slice, A_ROWS=0, LABELS=0,
+        stride_am=stride_am, stride_ak=stride_ak, stride_bk=stride_bk, stride_bn=stride_bn,
+        stride_cm=c.stride(0), stride_cn=c.stride(1), stride_bias=bias.stride(0) if bias is not None else 1,
+        stride_ym=0, stride_yn=0, stride_label=0, inv_m=0.0, rows_f=0.0, lr=0.0, momentum=0.0, weight_decay=0.0,
+        HAS_BIAS=bias is not None, RELU=activation == "relu", ACC_FP16=accumulate == "fp16",
+        UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
+        GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
+        HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False,
+        **constexprs,
+    )
+    unknown = set(extra) - set(args)
+    assert not unknown, f"not parameters of _matmul_kernel: {sorted(unknown)}"
+    args.update(extra)
+    return rt.Plan(op, dtype, cfg, _matmul_kernel, (tiles, split_k), args, cfg["num_warps"], cfg["num_stages"])
+
+
+def gather_args(a, a_rows, trans_a: bool) -> dict:
+    """kernel_plan's arguments that read op(a) as a[a_rows] (rows of the stored a): along M, or along
+    K when op transposes."""
+    if a_rows is None:
+        return {}
+    return dict(a_rows_ptr=a_rows, A_ROWS=a.shape[0], GATHER_A=2 if trans_a else 1)
+
+
 def plan(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
-         accumulate="fp32") -> tuple[torch.Tensor, rt.Plan | None]:
-    M, N, K = contract.matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate)
+         accumulate="fp32", a_rows=None, relu_grad_of=None) -> tuple[torch.Tensor, rt.Plan | None]:
+    M, N, K = contract.matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate, a_rows, relu_grad_of)
     rt.check_device("a", a)
     out = contract.output("out", out, (M, N), a.dtype, a.device, contiguous=False)
     dtype = contract.dtype_name(a.dtype)
     cfg = rt.resolve(SPACES[dtype], config, a.element_size(), a.device)
     if M == 0 or N == 0:
         return out, None
-    for name, t in (("a", a), ("b", b), ("out", out)):
-        if _span(t) > _MAX_I32:
-            raise ValueError(f"{name}: spans more than 2**31 elements; the kernel uses 32-bit offsets")
-    stride_am, stride_ak = (a.stride(1), a.stride(0)) if trans_a else (a.stride(0), a.stride(1))
-    stride_bk, stride_bn = (b.stride(1), b.stride(0)) if trans_b else (b.stride(0), b.stride(1))
-    constexprs = {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
-    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    # The kernel's SPLIT_K is the number of slices that hold any K: empty ones are not launched.
-    k_slice, split_k = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
-    constexprs["SPLIT_K"] = split_k
-    partials = counters = out  # placeholders: SPLIT_K == 1 compiles no access to them
-    if split_k > 1:
-        partial_elems = tiles * split_k * cfg["BLOCK_M"] * cfg["BLOCK_N"]
-        if partial_elems > _MAX_I32:
-            raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']} needs {partial_elems} partial sums for a {M}x{N} "
-                             "output, more than 2**31; the kernel uses 32-bit offsets")
-        partials, counters = splitk_workspace(a.device, partial_elems, tiles)
-    args = dict(
-        a_ptr=a, b_ptr=b, c_ptr=out, bias_ptr=bias if bias is not None else out,
-        partials_ptr=partials, counters_ptr=counters,
-        M=M, N=N, K=K, K_SLICE=k_slice,
-        stride_am=stride_am, stride_ak=stride_ak, stride_bk=stride_bk, stride_bn=stride_bn,
-        stride_cm=out.stride(0), stride_cn=out.stride(1), stride_bias=bias.stride(0) if bias is not None else 1,
-        HAS_BIAS=bias is not None, RELU=activation == "relu", ACC_FP16=accumulate == "fp16",
-        UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
-        **constexprs,
-    )
-    grid = (tiles, split_k)
-    return out, rt.Plan("matmul", dtype, cfg, _matmul_kernel, grid, args, cfg["num_warps"], cfg["num_stages"])
+    extra = gather_args(a, a_rows, trans_a)
+    if relu_grad_of is not None:
+        if _span(relu_grad_of) > _MAX_I32:
+            raise ValueError("relu_grad_of: spans more than 2**31 elements; the kernel uses 32-bit offsets")
+        extra.update(y_ptr=relu_grad_of, stride_ym=relu_grad_of.stride(0), stride_yn=relu_grad_of.stride(1),
+                     RELU_GRAD=True)
+    return out, kernel_plan("matmul", dtype, cfg, a, b, out, M, N, K, trans_a=trans_a, trans_b=trans_b, bias=bias,
+                            activation=activation, accumulate=accumulate, **extra)
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
-           accumulate="fp32"):
+           accumulate="fp32", a_rows=None, relu_grad_of=None):
     out, p = plan(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b, out=out,
-                  config=config, accumulate=accumulate)
+                  config=config, accumulate=accumulate, a_rows=a_rows, relu_grad_of=relu_grad_of)
     if p is not None:
         rt.launch(p)
     return out

@@ -9,6 +9,8 @@ elementwise kernels (BLOCK consecutive elements per program, VEC-wide
 accesses when the lengths and pointers allow). One launch per tensor: the
 networks here have a handful of parameter tensors, and a multi-tensor launch
 would need a pointer table, i.e. an allocation and a host-to-device copy.
+The rule itself is `sgd_rule`, which linear_sgd's epilogue (fused.py) runs on
+gradients that never left registers: one rule, one order of operations.
 
 Weight decay and momentum are compile-time switches rather than zeros, so that
 weight_decay = 0 does what torch does (skip the term: 0 * inf would be NaN)
@@ -30,20 +32,32 @@ from .elementwise import flat_block
 
 
 @triton.jit
+def sgd_rule(g, p_ptrs, buf_ptrs, low_ptrs, mask, lr, momentum, weight_decay,
+             HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, LOW: tl.constexpr):
+    """The rule on a block of fp32 params from their fp32 gradient `g`; LOW also stores the new
+    params rounded to `low_ptrs`' dtype. The one definition: linear_sgd's epilogue runs it too."""
+    p = tl.load(p_ptrs, mask=mask)
+    d = g
+    if HAS_WEIGHT_DECAY:
+        d += weight_decay * p
+    if HAS_MOMENTUM:
+        d += momentum * tl.load(buf_ptrs, mask=mask)
+        tl.store(buf_ptrs, d, mask=mask)
+    p = p - lr * d
+    tl.store(p_ptrs, p, mask=mask)
+    if LOW:
+        tl.store(low_ptrs, p.to(low_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _sgd_kernel(
     p_ptr, g_ptr, buf_ptr, n, lr, momentum, weight_decay,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, INT64: tl.constexpr,
     BLOCK: tl.constexpr, VEC: tl.constexpr,
 ):
     offs, mask = flat_block(n, INT64, BLOCK, VEC)
-    p = tl.load(p_ptr + offs, mask=mask)
-    d = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
-    if HAS_WEIGHT_DECAY:
-        d += weight_decay * p
-    if HAS_MOMENTUM:
-        d += momentum * tl.load(buf_ptr + offs, mask=mask)
-        tl.store(buf_ptr + offs, d, mask=mask)
-    tl.store(p_ptr + offs, p - lr * d, mask=mask)
+    sgd_rule(tl.load(g_ptr + offs, mask=mask).to(tl.float32), p_ptr + offs, buf_ptr + offs, p_ptr + offs, mask,
+             lr, momentum, weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
 
 
 SPACES = {

@@ -30,13 +30,14 @@ from triton.runtime.jit import JITFunction
 from kernels_core import contract
 
 from . import _runtime as rt
-from . import elementwise, loss, optim, reduction
+from . import elementwise, fused, loss, optim, reduction
 # The package re-exports the function `matmul`, so the module's names are imported directly.
 from .matmul import plan as plan_matmul
 
 
 def _sample_plan(op: str, dtype: str, config) -> rt.Plan:
-    """The launch plan for a representative large, aligned problem of `op`."""
+    """The launch plan for a representative large, aligned problem of `op` (the fused loss's N is
+    the trainer's 10 classes: a whole row must fit the smallest BLOCK_N)."""
     dt = contract.DTYPES[dtype]
 
     def t(*shape, dtype=dt):
@@ -56,6 +57,14 @@ def _sample_plan(op: str, dtype: str, config) -> rt.Plan:
         labels = t(4096, dtype=torch.int64)
         return loss.plan_softmax_cross_entropy(t(4096, 32768), labels, config=config)[2]
     f32 = torch.float32
+    if op == "linear_cross_entropy":  # the trainer's last layer: a batch drawn from the labels by index
+        return fused.plan_linear_cross_entropy(t(4096, 4096), t(4096, 10), t(60000, dtype=torch.int64), bias=t(10),
+                                               label_rows=t(4096, dtype=torch.int64), config=config)[2]
+    if op == "linear_sgd":  # every feature on: a gathered batch, momentum, weight decay, low-precision copies
+        return fused.plan_linear_sgd(t(60000, 4096), t(4096, 4096), t(4096, 4096, dtype=f32), t(4096, dtype=f32),
+                                     t(4096, 4096, dtype=f32), t(4096, dtype=f32), lr=0.1, momentum=0.9,
+                                     weight_decay=1e-4, x_rows=t(4096, dtype=torch.int64), w_low=t(4096, 4096),
+                                     b_low=t(4096), config=config)
     return optim.plan_sgd_update([t(1 << 20, dtype=f32)], [t(1 << 20)], [t(1 << 20, dtype=f32)],
                                  lr=0.1, momentum=0.9, weight_decay=1e-4, config=config)[0]
 

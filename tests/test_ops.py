@@ -509,6 +509,150 @@ def test_sgd_update_special(ops, device):
     assert p[0].item() == float("inf") and p[1].isnan() and p[2].item() == 1.5
 
 
+# ----------------------------------------------------------------------------- fused ops' checkers (test_fused.py)
+
+# Unit roundoff of each dtype. Triton's interpreter converts fp32 to bf16 by
+# truncation: an error up to a whole ulp, 2**-7 relative.
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+U32 = UNIT_ROUNDOFF["fp32"]
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    name = contract.dtype_name(dtype)
+    return 2.0**-7 if INTERPRETED and name == "bf16" else UNIT_ROUNDOFF[name]
+
+
+def picked_labels(labels, label_rows):
+    """labels[label_rows] as the contract reads it: an index outside labels reads 0 (a row of zeros)."""
+    if label_rows is None:
+        return labels
+    inside = (label_rows >= 0) & (label_rows < labels.shape[0])
+    return torch.where(inside, labels[torch.where(inside, label_rows, 0)], 0)
+
+
+def assert_linear_ce_close(loss, grad, x, w, labels, *, bias=None, what=""):
+    """linear_cross_entropy's (loss, dlogits) against exact.linear_cross_entropy, within a bound
+    derived from the arithmetic; `labels` are the rows' labels (after label_rows). A label outside
+    [0, N) must give a NaN loss and the row softmax / M.
+
+    The kernel's logits differ from the reference's (the float64 product rounded once to x's
+    dtype) in two ways. Its fp32 sum of the K products and the bias: any order and any split
+    rounds each term through at most K additions (plus the product's own rounding in fp32), so
+    it is off by at most (K + 1) * u32 of S = |x| @ |w| + |bias|, twice that for an accumulator
+    that truncates (tensor cores); 2 * (K + 2) * u32 * S absorbs the second-order terms too. Its
+    rounding to x's dtype may then land on the other neighbour: per logit the two differ by at
+    most E = 2 * u * |z| + 2 * 2 * (K + 2) * u32 * S (u of x's dtype). Moving each logit of a row by
+    at most E_j moves logsumexp by at most L = exp(2 max E) * sum_j p_j E_j (the softmax between
+    the two points is within exp(2 max E) of p), so a row's loss by L + E_label, and
+    p_j by p_j * (exp(E_j + L) - 1). On top: fp32 exp, log and sums, within 1e-5 relative (as
+    check_softmax_ce allows), and dlogits' rounding to x's dtype: u relative, or one subnormal
+    step where fp16's range ends (a p of 1e-3 over M = 37 is below its smallest normal). A wrong
+    result (a dropped bias, a wrong label, the mean over N, a missing 1/M) is off by far more;
+    see test_fused.py::test_linear_ce_check_fails_a_wrong_result.
+    """
+    m, n = x.shape[0], w.shape[1]
+    assert loss.dtype == torch.float32 and loss.dim() == 0, f"{what}loss: {loss.dtype}, shape {tuple(loss.shape)}"
+    assert tuple(grad.shape) == (m, n) and grad.dtype == x.dtype, f"{what}dlogits: {grad.dtype} {tuple(grad.shape)}"
+    labels = labels.cpu()
+    bad = (labels < 0) | (labels >= n)
+    safe = torch.where(bad, 0, labels)
+    ref_loss, ref_grad = exact.linear_cross_entropy(x.cpu(), w.cpu(), safe, bias=None if bias is None else bias.cpu())
+    onehot = torch.nn.functional.one_hot(safe, n).double() * (~bad).double()[:, None]
+    ref_grad = ref_grad.cpu() + (torch.nn.functional.one_hot(safe, n).double() - onehot) / m  # bad rows: softmax / M
+    p = ref_grad * m + onehot
+    u = unit_roundoff(x.dtype)
+    z = exact.matmul(x.cpu(), w.cpu(), bias=None if bias is None else bias.cpu())
+    s = exact.matmul(x.cpu().abs(), w.cpu().abs(), bias=None if bias is None else bias.cpu().abs())
+    e = 2 * u * z.abs() + 4 * (x.shape[1] + 2) * U32 * s
+    lse_err = torch.exp(2 * e.max(1).values) * (p * e).sum(1)
+    if bad.any():
+        assert loss.isnan(), f"{what}loss: {loss.item()}, expected NaN (labels outside [0, {n}))"
+    else:
+        loss_tol = (lse_err + (onehot * e).sum(1)).mean().item() + 1e-5 * max(1.0, abs(ref_loss.item()))
+        assert abs(loss.item() - ref_loss.item()) <= loss_tol, \
+            f"{what}loss {loss.item()} != {ref_loss.item()} (bound {loss_tol:.3g})"
+    prob_err = p * torch.expm1(e + lse_err[:, None]) + 1e-5 * (p + onehot)
+    subnormal_step = torch.finfo(x.dtype).tiny * torch.finfo(x.dtype).eps  # fp16 dlogits of small p are subnormal
+    grad_tol = (1 + u) * prob_err / m + u * ref_grad.abs() + subnormal_step
+    assert not grad.isnan().any(), f"{what}dlogits: NaN (unwritten element?)"
+    if grad.numel():
+        ratio = ((grad.double().cpu() - ref_grad).abs() / grad_tol.clamp_min(1e-300)).max().item()
+        assert ratio <= 1, f"{what}dlogits: error {ratio:.3g} times its bound"
+
+
+def check_linear_ce(ops, x, w, labels, *, bias=None, label_rows=None, config=None, what=""):
+    m, n = x.shape[0], w.shape[1]
+    out_grad = poisoned((m, n), x.dtype, x.device)
+    loss, grad = ops.linear_cross_entropy(x, w, labels, bias=bias, label_rows=label_rows, out_grad=out_grad,
+                                          config=config)
+    assert grad is out_grad
+    assert_linear_ce_close(loss, grad, x, w, picked_labels(labels, label_rows), bias=bias,
+                           what=f"{what}config={config}: ")
+    return loss, grad
+
+
+def assert_linear_sgd_close(w, bias, w_buf, b_buf, start, x, dy, *, lr, momentum, weight_decay, x_rows=None,
+                            what=""):
+    """linear_sgd's w, bias (and buffers) against exact.linear_sgd from `start` (w, bias, w_buf,
+    b_buf before the call), element by element.
+
+    assert_sgd_close's bound for one step, 6 * u32 of the magnitude of every term that reached
+    the element, plus the gradients the kernel computes itself: gw = x[x_rows]^T @ dy and gb =
+    sum of dy over the batch of B rows, fp32 sums that are off by at most (B + 1) * u32 of the
+    sum of their terms' magnitudes (|x|^T @ |dy|, sum |dy|; any order, products rounded in fp32),
+    twice that for an accumulator that truncates. That error reaches w scaled by lr and the
+    buffer unscaled, and the magnitudes (the same reference run on absolute values with the
+    update's sign flipped, as in assert_sgd_close) hold lr and 1 times those term sums: so every
+    element is within (6 + 2 * (B + 1)) * u32 of its magnitude. A wrong rule, a gradient from the
+    wrong rows or rounded to x's dtype is off by far more (test_linear_sgd_check_fails_a_wrong_update).
+    """
+    w0, b0, wb0, bb0 = (None if t is None else t.cpu() for t in start)
+    x, dy = x.cpu(), dy.cpu()
+    rows = None if x_rows is None else x_rows.cpu()
+    kw = dict(momentum=momentum, weight_decay=weight_decay, x_rows=rows)
+    (ref_w, ref_b), ref_bufs = exact.linear_sgd(x, dy, w0, b0, wb0, bb0, lr=lr, **kw)
+    (mag_w, mag_b), mag_bufs = exact.linear_sgd(
+        x.abs(), dy.abs(), w0.abs(), b0.abs(), None if wb0 is None else wb0.abs(), None if bb0 is None else bb0.abs(),
+        lr=-lr, **kw)
+    batch = dy.shape[0]
+    bound = (6 + 2 * (batch + 1)) * U32
+    pairs = [("w", w, ref_w, mag_w), ("bias", bias, ref_b, mag_b)]
+    if momentum:
+        pairs += [("w_buf", w_buf, ref_bufs[0], mag_bufs[0]), ("b_buf", b_buf, ref_bufs[1], mag_bufs[1])]
+    for name, out, ref, mag in pairs:
+        assert not out.isnan().any(), f"{what}{name}: NaN"
+        err = ((out.double().cpu() - ref).abs() / mag.clamp_min(1e-300)).max().item() if out.numel() else 0.0
+        assert err <= bound, f"{what}{name}: error {err:.3g} of the terms' magnitude > {bound:.3g}"
+
+
+def sgd_layer(rng, device, dtype, batch, k_in, n_out, *, momentum, rows=None, low=False):
+    """x (the dataset when `rows` is given), dy, w, bias, w_buf, b_buf, x_rows, w_low, b_low of one
+    layer's step; x_rows has indices outside x (rows of zeros) among its draws."""
+    x = randn(rng, (rows or batch, k_in), dtype, device)
+    x_rows = None
+    if rows is not None:
+        x_rows = torch.randint(-2, rows + 2, (batch,), generator=rng).to(device)
+    dy = randn(rng, (batch, n_out), dtype, device)
+    w, bias = randn(rng, (k_in, n_out), "fp32", device), randn(rng, (n_out,), "fp32", device)
+    w_buf = randn(rng, (k_in, n_out), "fp32", device) if momentum else None
+    b_buf = randn(rng, (n_out,), "fp32", device) if momentum else None
+    w_low = poisoned((k_in, n_out), dtype, device) if low else None
+    b_low = poisoned((n_out,), dtype, device) if low else None
+    return x, dy, w, bias, w_buf, b_buf, x_rows, w_low, b_low
+
+
+def check_linear_sgd(ops, layer, *, lr=0.1, momentum=0.0, weight_decay=0.0, config=None, what=""):
+    x, dy, w, bias, w_buf, b_buf, x_rows, w_low, b_low = layer
+    start = tuple(None if t is None else t.clone() for t in (w, bias, w_buf, b_buf))
+    assert ops.linear_sgd(x, dy, w, bias, w_buf, b_buf, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                          x_rows=x_rows, w_low=w_low, b_low=b_low, config=config) is None
+    assert_linear_sgd_close(w, bias, w_buf, b_buf, start, x, dy, lr=lr, momentum=momentum,
+                            weight_decay=weight_decay, x_rows=x_rows, what=f"{what}config={config}: ")
+    for name, low, p in (("w_low", w_low, w), ("b_low", b_low, bias)):
+        if low is not None:  # the updated fp32 values, rounded once
+            assert_exact(low, p, name)
+
+
 # ----------------------------------------------------------------------------- argument errors
 
 def bad_calls(ops, device):
@@ -520,6 +664,7 @@ def bad_calls(ops, device):
     odd = torch.ones(6, 5, device=other_device(device))
     labels = torch.zeros(4, dtype=torch.int64, device=device)
     p, g = torch.ones(3, **f32), torch.ones(3, **f32)
+    dy, w, wb = torch.ones(4, 5, **f32), torch.ones(6, 5, **f32), torch.ones(5, **f32)  # a layer's step on x
     return [
         ("a", lambda: ops.matmul("not a tensor", b)),
         ("a", lambda: ops.matmul(torch.ones(6, **f32), b)),
@@ -557,6 +702,34 @@ def bad_calls(ops, device):
         ("grads[0]", lambda: ops.sgd_update([p], [torch.ones(4, **f32)], None, lr=0.1)),
         ("momentum_bufs", lambda: ops.sgd_update([p], [g], None, lr=0.1, momentum=0.9)),
         ("lr", lambda: ops.sgd_update([p], [g], None, lr="0.1")),
+        ("a_rows", lambda: ops.matmul(x, b, a_rows=labels.int())),
+        ("a_rows", lambda: ops.matmul(x, b, a_rows=labels.view(2, 2))),
+        ("a_rows", lambda: ops.matmul(x, b, a_rows=torch.zeros(8, dtype=torch.int64, device=device)[::2])),
+        ("b", lambda: ops.matmul(x, b, trans_a=True, a_rows=labels)),  # op(a) is 6x4: K = 4 rows of b, not 6
+        ("relu_grad_of", lambda: ops.matmul(x, b, relu_grad_of=torch.ones(5, 4, **f32))),
+        ("relu_grad_of", lambda: ops.matmul(x, b, relu_grad_of=h[:4])),
+        ("relu_grad_of", lambda: ops.matmul(x, b, relu_grad_of=x[:, :5], bias=torch.ones(5, **f32))),
+        ("relu_grad_of", lambda: ops.matmul(x, b, relu_grad_of=x[:, :5], activation="relu")),
+        ("labels", lambda: ops.linear_cross_entropy(x, b, labels[:3])),
+        ("labels", lambda: ops.linear_cross_entropy(x, b, labels.int())),
+        ("label_rows", lambda: ops.linear_cross_entropy(x, b, labels, label_rows=labels[:3])),
+        ("label_rows", lambda: ops.linear_cross_entropy(x, b, labels, label_rows=labels.int())),
+        ("bias", lambda: ops.linear_cross_entropy(x, b, labels, bias=torch.ones(6, **f32))),
+        ("out_grad", lambda: ops.linear_cross_entropy(x, b, labels, out_grad=torch.empty(4, 6, **f32))),
+        ("out_grad", lambda: ops.linear_cross_entropy(x, b, labels, out_grad=h[:4])),
+        ("dy", lambda: ops.linear_sgd(x, torch.ones(3, 5, **f32), w, wb, None, None, lr=0.1)),
+        ("dy", lambda: ops.linear_sgd(x, h[:4], w, wb, None, None, lr=0.1)),
+        ("w", lambda: ops.linear_sgd(x, dy, w.t(), wb, None, None, lr=0.1)),
+        ("w", lambda: ops.linear_sgd(x, dy, w.half(), wb, None, None, lr=0.1)),
+        ("bias", lambda: ops.linear_sgd(x, dy, w, torch.ones(6, **f32), None, None, lr=0.1)),
+        ("w_buf", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, momentum=0.9)),
+        ("b_buf", lambda: ops.linear_sgd(x, dy, w, wb, w.clone(), torch.ones(4, **f32), lr=0.1, momentum=0.9)),
+        ("x_rows", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, x_rows=labels.int())),
+        ("dy", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, x_rows=labels[:3])),
+        ("w_low", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, w_low=h)),
+        ("b_low", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, b_low=torch.ones(4, **f32))),
+        ("lr", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=None)),
+        ("momentum", lambda: ops.linear_sgd(x, dy, w, wb, None, None, lr=0.1, momentum="0.9")),
     ]
 
 
@@ -607,6 +780,16 @@ def small_problem(op, dtype, device, rng):
         z = randn(rng, (6, 1500), dtype, device, scale=3.0)
         labels = torch.randint(0, 1500, (6,), generator=rng).to(device)
         return lambda ops, cfg: check_softmax_ce(ops, z, labels, config=cfg)
+    if op == "linear_cross_entropy":  # N = 10 fits every BLOCK_N of a space
+        x, w = randn(rng, (37, 45), dtype, device), randn(rng, (45, 10), dtype, device, scale=2 / math.sqrt(45))
+        bias = randn(rng, (10,), dtype, device)
+        labels = torch.randint(0, 10, (60,), generator=rng).to(device)
+        label_rows = torch.randint(0, 60, (37,), generator=rng).to(device)
+        return lambda ops, cfg: check_linear_ce(ops, x, w, labels, bias=bias, label_rows=label_rows, config=cfg)
+    if op == "linear_sgd":
+        return lambda ops, cfg: check_linear_sgd(
+            ops, sgd_layer(rng, device, dtype, 40, 37, 20, momentum=0.9, rows=50, low=True),
+            momentum=0.9, weight_decay=0.01, config=cfg)
 
     def run_sgd(ops, cfg):
         p = randn(rng, (3001,), "fp32", device)

@@ -5,7 +5,9 @@ passes test_ops.py on a CPU may still fail to build for a GPU. Here every op's
 default config and a deterministic sample of others are compiled offline
 through `compile_report` for sm_75, sm_80 and sm_90, in one helper process
 with the interpreter off (the interpreter and the compiler cannot share a
-process; see kernels_triton/reports.py).
+process; see kernels_triton/reports.py), and so are the fused step's paths
+that no op's sample plan takes (matmul's gathers and ReLU-gradient mask, the
+fused loss on split-K).
 """
 import json
 import os
@@ -63,16 +65,52 @@ SPLITK_CASES = [
 ]
 CASES = _cases() + [("matmul", dtype, arch, f"splitk{i}", cfg) for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
 
-# Runs in the helper process: one report (or error) per case, plus which
-# tensor-core instructions the 16-bit matmul defaults and SPLITK_CASES use.
+# The fused step's paths that no sample plan of compile_report takes, on the trainer's shapes
+# (built in the helper process by _SCRIPT's fused_path_plan), each with what its PTX must hold:
+# matmul gathering rows along M (the first forward) and along K (split-K slices offset their
+# gather), the ReLU-gradient mask, and the loss on split-K, whose two last-arrival protocols
+# need their acquire-release atomics, L2 (".cg") reads and the correctly rounded sum / M.
+# Tiles that compile without spills on sm_75 as well (a 64x64 16-bit matmul spills there, plain or not).
+_SMALL = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1)
+_PROTOCOL = ["atom.global.gpu.acq_rel.add", "ld.global.cg", "div.rn.f32"]
+FUSED_PATH_CASES = [
+    (path, dtype, arch, config, ptx)
+    for arch in ARCHS
+    for path, dtype, config, ptx in [
+        ("gather_m", "fp16", _SMALL, []),
+        ("gather_k", "fp32", {**_SMALL, "SPLIT_K": 4}, ["atom.global.gpu.acq_rel.add"]),
+        ("relu_grad", "fp16", _SMALL, []),
+        ("loss", "fp32", {**_SMALL, "BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 2, "SPLIT_K": 4}, _PROTOCOL),
+        ("loss", "bf16" if arch >= 80 else "fp16", {**_SMALL, "BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_K": 2}, _PROTOCOL),
+    ]
+]
+
+# Runs in the helper process: one report (or error) per case, which tensor-core
+# instructions the 16-bit matmul defaults and SPLITK_CASES use, and for each
+# FUSED_PATH_CASES entry its spills and the PTX it lacks.
 _SCRIPT = r"""
 import json, sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 import kernels_triton as kt
+from kernels_core import contract
 from kernels_triton import reports
+from kernels_triton.matmul import plan as plan_matmul
 
-cases, splitk = json.load(sys.stdin)
+def fused_path_plan(path, dtype, cfg):
+    def t(*shape, dtype=contract.DTYPES[dtype]):
+        return torch.empty(shape, dtype=dtype, device="meta")
+    rows = t(128, dtype=torch.int64)  # a batch of the 60000 images of 784 pixels
+    if path == "gather_m":
+        return plan_matmul(t(60000, 784), t(784, 1024), bias=t(1024), activation="relu", a_rows=rows, config=cfg)[1]
+    if path == "gather_k":
+        return plan_matmul(t(60000, 784), t(128, 1024), trans_a=True, a_rows=rows, config=cfg)[1]
+    if path == "relu_grad":
+        return plan_matmul(t(128, 10), t(1024, 10), trans_b=True, relu_grad_of=t(128, 1024), config=cfg)[1]
+    return reports._sample_plan("linear_cross_entropy", dtype, cfg)
+
+cases, splitk, fused_paths = json.load(sys.stdin)
 results = {}
 for op, dtype, arch, label, cfg in cases:
     key = f"{op}-{dtype}-sm{arch}-{label}"
@@ -87,6 +125,17 @@ for dtype, arch, cfg, label in [("fp16", 90, None, "wgmma-fp16"), ("bf16", 90, N
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
     ptx = compiled.asm["ptx"]
     results[label] = [name for name in ("wgmma", "mma.sync") if name in ptx]
+for i, (path, dtype, arch, cfg, needles) in enumerate(fused_paths):
+    try:
+        cfg = kt.space("matmul", dtype).resolve(cfg, contract.DTYPES[dtype].itemsize, arch)
+        plan = fused_path_plan(path, dtype, cfg)
+        compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", arch, 32),
+                                  options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+        _, spill_bytes = reports._ptxas_usage(compiled.asm["ptx"])
+        missing = [n for n in needles if n not in compiled.asm["ptx"]]
+        results[f"fused{i}"] = {"spill_bytes": spill_bytes, "missing": missing}
+    except Exception as e:
+        results[f"fused{i}"] = {"error": f"{type(e).__name__}: {e}"}
 print(json.dumps(results))
 """
 
@@ -95,8 +144,8 @@ print(json.dumps(results))
 def reports():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": ROOT}
     splitk = [(dtype, arch, cfg, f"instructions-splitk{i}") for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([CASES, splitk]), capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=1200)
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([CASES, splitk, FUSED_PATH_CASES]),
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -105,8 +154,8 @@ def reports():
                          ids=[f"{c[0]}-{c[1]}-sm{c[2]}-{c[3]}" for c in CASES])
 def test_compiles(reports, op, dtype, arch, label, config):
     result = reports[f"{op}-{dtype}-sm{arch}-{label}"]
-    if op == "matmul" and dtype == "bf16" and arch < 80:
-        assert "arch >= 80" in result.get("error", ""), "bf16 matmul must be refused below sm_80"
+    if op in ("matmul", *contract.FUSED_OPS) and dtype == "bf16" and arch < 80:  # the fused ops are matmuls
+        assert "arch >= 80" in result.get("error", ""), f"bf16 {op} must be refused below sm_80"
         pytest.skip("bf16 dot needs sm_80+")
     assert "error" not in result, result.get("error")
     report = result["report"]
@@ -133,6 +182,16 @@ def test_matmul_default_uses_wgmma_on_hopper(reports, dtype):
 def test_splitk_dot_instructions(reports, i):
     dtype, arch, cfg, instructions = SPLITK_CASES[i]
     assert reports[f"instructions-splitk{i}"] == instructions, f"{dtype} {cfg} on sm_{arch}"
+
+
+@pytest.mark.parametrize("i", range(len(FUSED_PATH_CASES)),
+                         ids=[f"{c[0]}-{c[1]}-sm{c[2]}-split{c[3]['SPLIT_K']}" for c in FUSED_PATH_CASES])
+def test_fused_paths_compile(reports, i):
+    path, dtype, arch, config, _ = FUSED_PATH_CASES[i]
+    result = reports[f"fused{i}"]
+    assert "error" not in result, result.get("error")
+    assert result["spill_bytes"] == 0, f"{path} {dtype} {config} on sm_{arch} spills {result['spill_bytes']} bytes"
+    assert not result["missing"], f"{path} on sm_{arch}: the PTX lacks {result['missing']}"
 
 
 def test_compile_report_rejects_bad_config():
