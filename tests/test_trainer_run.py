@@ -102,13 +102,19 @@ def test_config_table_shows_tuned_nearest_and_default(tmp_path, capsys):
     table = capsys.readouterr().err
     rows = {tuple(line.split()[:3]) for line in table.splitlines()}
     assert ("matmul", "16x16x784:nn", "tuned") in rows
-    assert ("matmul", "16x10x16:nn", "nearest:16x16x784:nn") in rows
-    assert ("matmul", "784x16x16:tn", "default") in rows
-    assert ("sgd_update", "12730", "default") in rows
+    # The fused step's logits GEMM has no entry: it borrows the nearest matmul config of its GEMM.
+    assert ("linear_cross_entropy", "16x10x16:nn", "matmul:nearest:16x16x784:nn") in rows
+    assert ("linear_sgd", "784x16x16:tn", "default") in rows
     assert "BLOCK_M=32 BLOCK_N=64 GROUP_M=1" in table
     assert summary.config_source == "mixed"
     saved = json.loads(Path(summary.csv).with_suffix(".json").read_text())
     assert "nearest:16x16x784:nn" in saved["kernel_configs"]
+
+    train(Config(**TINY_TRITON, tuned_configs=str(path), out=str(tmp_path), fuse=False))
+    rows = {tuple(line.split()[:3]) for line in capsys.readouterr().err.splitlines()}
+    assert ("matmul", "16x10x16:nn", "nearest:16x16x784:nn") in rows
+    assert ("matmul", "784x16x16:tn", "default") in rows
+    assert ("sgd_update", "12730", "default") in rows
 
 
 def test_corrupt_config_store_is_refused_unless_defaults_are_allowed(tmp_path, capsys):
