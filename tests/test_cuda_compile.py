@@ -15,9 +15,10 @@ import torch
 import kernels_cuda as kc
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
-from kernels_core.contract import DTYPES, OPS
+from kernels_core.contract import DTYPES, FUSED_OPS, OPS
 
 ARCHS = (75, 80, 90)
+GEMM_OPS = ("matmul",) + FUSED_OPS  # the ops of the matmul kernels: no bf16 before sm_80
 SAMPLES = 8
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -41,7 +42,7 @@ CASES = [(op, dtype, arch) for arch in ARCHS for op in OPS for dtype in DTYPES]
 @needs_nvcc
 @pytest.mark.parametrize("op,dtype,arch", CASES, ids=[f"{o}-{d}-sm{a}" for o, d, a in CASES])
 def test_space_sample_compiles(op, dtype, arch):
-    if op == "matmul" and dtype == "bf16" and arch < 80:
+    if op in GEMM_OPS and dtype == "bf16" and arch < 80:
         pytest.skip("sm_75 tensor cores have no bf16 mma; matmul raises a clear error there")
     configs = _sample(op, dtype, arch)
     reports = kc.compile_reports(op, dtype, configs, arch)
@@ -52,7 +53,7 @@ def test_space_sample_compiles(op, dtype, arch):
         assert 0 < rep["registers"] <= 255, (cfg, rep)
         # The space's smem expression is an upper bound (exact for all but matmul's layouts).
         assert rep["smem_bytes"] <= sp.cost(cfg, _elt(dtype), arch)["smem_bytes"], (cfg, rep)
-        if op in ("matmul", "bias_grad", "softmax_cross_entropy"):
+        if op in GEMM_OPS + ("bias_grad", "softmax_cross_entropy"):
             assert rep["smem_bytes"] > 0, (cfg, rep)
     assert reports[0]["spill_bytes"] == 0, f"default config spills: {reports[0]}"
 
@@ -63,7 +64,7 @@ def test_space_sample_compiles(op, dtype, arch):
 def test_each_archs_default_is_valid(op, dtype, arch):
     sp = kc.space(op, dtype)
     problem = sp.violated(sp.default_for(arch), _elt(dtype), arch)
-    if op == "matmul" and dtype == "bf16" and arch < 80:
+    if op in GEMM_OPS and dtype == "bf16" and arch < 80:
         assert problem == "restriction `arch >= 80` fails: bf16 tensor cores start at sm_80"  # pruned as invalid
         assert not list(sp.configs(_elt(dtype), arch))
     else:

@@ -16,6 +16,15 @@ import kernels_cuda as kc
 from kernels_core.contract import DTYPES
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
+from kernels_cuda.matmul import KERNEL_PARAMS
+
+SPLIT_AT = 9  # SPLIT_K's place among both kernels' template arguments
+
+
+def named(args) -> dict:
+    """A matmul kernel launch's arguments by parameter name."""
+    assert len(args) == len(KERNEL_PARAMS)
+    return dict(zip((name for name, _ in KERNEL_PARAMS), args))
 
 
 @pytest.fixture
@@ -84,7 +93,7 @@ def launches(fake_gpu, monkeypatch):
     real = rt.launch
 
     def launch(variant, device, grid, block, args, smem=0, *, for_):
-        seen.append((variant, tuple(grid), tuple(block), tuple(int(a) for a in args), smem))
+        seen.append((variant, tuple(grid), tuple(block), tuple(a.item() for a in args), smem))
         return real(variant, device, grid, block, args, smem, for_=for_)
 
     monkeypatch.setattr(rt, "launch", launch)
@@ -121,22 +130,22 @@ def test_splitk_launch(launches, rng, dtype, config, m, n, k, layout, threads, s
     a = torch.randn((k, m) if trans_a else (m, k), generator=rng).to(dt)
     b = torch.randn((n, k) if trans_b else (k, n), generator=rng).to(dt)
     tiles = -(-m // config["BLOCK_M"]) * -(-n // config["BLOCK_N"])
-    split_at = 9  # SPLIT_K's place among both kernels' template arguments
     for split, launched in ((1, 1), (config["SPLIT_K"], slices)):
         kc.matmul(a, b, trans_a=trans_a, trans_b=trans_b, bias=torch.randn(n, generator=rng).to(dt),
                   activation="relu", config={**config, "SPLIT_K": split})
         variant, grid, block, args, _ = launches[-1]
+        args = named(args)
         plain = launched == 1
-        assert variant.targs[split_at] == (1 if plain else split)
+        assert variant.targs[SPLIT_AT] == (1 if plain else split)
         assert grid == (tiles, launched, 1) and block == (threads, 1, 1)
-        k_slice = args[-1]
+        k_slice = args["k_slice"]
         assert k_slice % config["BLOCK_K"] == 0 and (launched - 1) * k_slice < k <= launched * k_slice
         partials, counters = splitk_workspace(a.device, 0, 0)  # as the call left it
         if plain:
-            assert args[-3:-1] == (0, 0) and partials.numel() == 0 and counters.numel() == 0
+            assert (args["partials"], args["counters"]) == (0, 0) and partials.numel() == 0 and counters.numel() == 0
         else:
             assert k_slice == -(-k // (split * config["BLOCK_K"])) * config["BLOCK_K"]
-            assert args[-3:-1] == (partials.data_ptr(), counters.data_ptr())
+            assert (args["partials"], args["counters"]) == (partials.data_ptr(), counters.data_ptr())
             assert partials.dtype == torch.float32 and counters.dtype == torch.int32
             assert partials.numel() == tiles * launched * config["BLOCK_M"] * config["BLOCK_N"]
             assert counters.numel() == tiles and not counters.any()
