@@ -12,18 +12,21 @@ Exports the contract's functions (kernels_core/contract.py) plus:
         config has not been launched here yet
 
 Module map, the same as the Triton twin's: matmul.py (matmul_simt.cu,
-matmul_tc.cu), elementwise.py (relu, relu_backward, bias_add), reduction.py
-(bias_grad), loss.py (softmax_cross_entropy), optim.py (sgd_update),
-reports.py (resource figures), _runtime.py (compiling and launching).
+matmul_tc.cu), fused.py (linear_cross_entropy, linear_sgd: the same two
+kernels with fused epilogues), elementwise.py (relu, relu_backward,
+bias_add), reduction.py (bias_grad), loss.py (softmax_cross_entropy),
+optim.py (sgd_update), reports.py (resource figures), _runtime.py
+(compiling and launching).
 Importing this package needs neither CuPy nor a GPU.
 """
 from __future__ import annotations
 
-from kernels_core.contract import check_op
+from kernels_core.contract import FUSED_OPS, check_op
 from kernels_core.space import Space
 
-from . import elementwise, loss, matmul as _matmul, optim, reduction
+from . import elementwise, fused, loss, matmul as _matmul, optim, reduction
 from .elementwise import bias_add, relu, relu_backward
+from .fused import linear_cross_entropy, linear_sgd
 from .loss import softmax_cross_entropy
 from .matmul import matmul
 from .optim import sgd_update
@@ -32,7 +35,7 @@ from .reports import compile_report, compile_reports, resource_report
 
 __all__ = [
     "matmul", "relu", "relu_backward", "bias_add", "bias_grad", "softmax_cross_entropy", "sgd_update",
-    "space", "compile_report", "compile_reports", "resource_report",
+    "linear_cross_entropy", "linear_sgd", "space", "compile_report", "compile_reports", "resource_report",
 ]
 
 
@@ -42,5 +45,7 @@ def space(op: str, dtype: str) -> Space:
     check_op(op, dtype)
     if op == "matmul":
         return _matmul.space_for(dtype)
+    if op in FUSED_OPS:
+        return fused.space_for(op, dtype)
     return {"bias_grad": reduction.SPACE, "softmax_cross_entropy": loss.SPACE, "sgd_update": optim.SPACE}.get(
         op, elementwise.SPACE)

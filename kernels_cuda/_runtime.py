@@ -59,13 +59,15 @@ def source(name: str) -> str:
     return text
 
 
-def _dtype_codes() -> dict[str, int]:
-    """{"fp32": 0, ...}: the element type codes as common.cuh defines them (DT_FP32 ...)."""
+def _codes(prefix: str) -> dict[str, int]:
+    """{"fp32": 0, ...} for prefix "DT": the codes common.cuh defines as `#define DT_FP32 0`, ..."""
     with open(os.path.join(HERE, "common.cuh")) as f:
-        return {m.group(1).lower(): int(m.group(2)) for m in re.finditer(r"^#define DT_(\w+) (\d+)$", f.read(), re.MULTILINE)}
+        return {m.group(1).lower(): int(m.group(2))
+                for m in re.finditer(rf"^#define {prefix}_(\w+) (\d+)$", f.read(), re.MULTILINE)}
 
 
-DT_CODE = _dtype_codes()  # the first template argument of every kernel
+DT_CODE = _codes("DT")  # the first template argument of every kernel
+EPI_CODE = _codes("EPI")  # {"plain": 0, "relu_grad": 1, "xent": 2, "sgd": 3}: the matmul kernels' epilogues
 
 
 # ------------------------------------------------------------------ configs

@@ -72,6 +72,10 @@ struct alignas((sizeof(T) * N) < 16 ? (sizeof(T) * N) : 16) Pack {
     T v[N];
 };
 
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
 // torch.relu semantics: negative -> 0, NaN stays NaN (fmaxf would drop it).
 __device__ __forceinline__ float relu_f(float v) { return v < 0.f ? 0.f : v; }
 
@@ -109,10 +113,16 @@ __device__ __forceinline__ void swizzle_block(int pid, int num_pid_m, int num_pi
 // Moves A, B and K to this block's slice: k from blockIdx.y * k_slice, K its
 // length, so the main loop runs unchanged on a shorter K and its loads
 // zero-fill exactly past the slice's end.
-template <int A_KC, int B_KC, typename T>
-__device__ __forceinline__ void enter_slice(const T*& A, const T*& B, int& K, i64 lda, i64 ldb, int k_slice) {
+// With A_ROWS (A's stored rows read through the index vector a_rows) and k along A's rows,
+// the slice starts k0 entries into the vector instead.
+template <int A_KC, int B_KC, int A_ROWS, typename T>
+__device__ __forceinline__ void enter_slice(const T*& A, const T*& B, const i64*& a_rows, int& K, i64 lda, i64 ldb,
+                                            int k_slice) {
     const int k0 = (int)blockIdx.y * k_slice;
-    A += A_KC ? (i64)k0 : k0 * lda;  // op(A) is M x K: k runs along A's rows or its columns
+    if constexpr (A_ROWS && !A_KC)
+        a_rows += k0;
+    else
+        A += A_KC ? (i64)k0 : k0 * lda;  // op(A) is M x K: k runs along A's rows or its columns
     B += B_KC ? (i64)k0 : k0 * ldb;  // op(B) is K x N
     K = K - k0 < k_slice ? K - k0 : k_slice;
 }
@@ -124,6 +134,12 @@ __device__ __forceinline__ Pack<float, 4> ldcg4(const Pack<float, 4>* p) {
     Pack<float, 4> r;
     asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
                  : "=f"(r.v[0]), "=f"(r.v[1]), "=f"(r.v[2]), "=f"(r.v[3]) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float ldcg1(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
     return r;
 }
 
@@ -235,6 +251,197 @@ __device__ __forceinline__ bool splitk_reduce(float* partials, int* counters, Ge
             for (int e = 0; e < 4; ++e) set(f0 + g, e, v[g][e]);
     }
     return true;
+}
+
+// ---------------------------------------------------------------- fused paths
+// What both matmul kernels (matmul_simt.cu, matmul_tc.cu) can fold into a GEMM besides bias and
+// ReLU: rows of A read through an index vector (A_ROWS) and one epilogue per EPI code. Each is a
+// template argument, so a kernel without them compiles none of their code.
+
+// The EPI codes, the last template argument of both matmul kernels; the Python side reads them
+// from here (kernels_cuda/_runtime.py: EPI_CODE).
+// EPI_PLAIN: C = act(acc + bias). EPI_RELU_GRAD: C = y <= 0 ? 0 : acc (matmul's relu_grad_of).
+// EPI_XENT: linear_cross_entropy (xent_tile). EPI_SGD: linear_sgd (sgd_step, sgd_bias).
+#define EPI_PLAIN 0
+#define EPI_RELU_GRAD 1
+#define EPI_XENT 2
+#define EPI_SGD 3
+
+// Both kernels' parameters after the GEMM's own (a variant reads those its flags use; the host
+// passes them all, in this order: kernels_cuda/matmul.py, KERNEL_PARAMS).
+#define FUSED_PARAMS(T)                                                                              \
+    const i64 *a_rows, i64 rows_of_a, const T *relu_y, const i64 *labels, const i64 *label_rows,    \
+        i64 n_labels, float *loss, i64 *flag, float *loss_slots, int *loss_counter, float *w,        \
+        float *w_buf, T *w_low, float *b, float *b_buf, T *b_low, float lr, float momentum,         \
+        float weight_decay
+
+// Entry r of an index vector of `count` entries (matmul's a_rows) as the stored row to read, or
+// -1 for a row of zeros: past the vector's end (the tile's ragged edge), or an index outside
+// [0, stored), which the contract reads as zeros since a kernel cannot raise.
+__device__ __forceinline__ i64 gathered_row(const i64* rows, int r, int count, i64 stored) {
+    if (r >= count) return -1;
+    const i64 s = rows[r];
+    return s >= 0 && s < stored ? s : -1;
+}
+
+// linear_cross_entropy's epilogue, in the block that holds rows [m0, m0 + BM) of the logits with
+// all N of their columns (the host asks for BLOCK_N >= N, so n0 = 0 and pid_m is the row tile).
+// The GEMM's epilogue has stored the logits (+ bias, rounded to the dtype, as matmul stores
+// them) to C, the dlogits buffer (ld N). Then one thread per row (rows are few columns wide:
+// the trainer's have 10) reads its row back, takes max and logsumexp in fp32, writes
+// (softmax - onehot) / M over it and its loss to row_loss (shared memory). A label outside
+// [0, N) gives the row a NaN loss, softmax / M and the device's label flag, as loss.cu does.
+//
+// The mean over rows is deterministic: thread 0 sums its tile's rows in row order into the
+// tile's slot; the row tiles then arrive at one counter as split-K's slices do at theirs
+// (splitk_arrive_last: release, atomic, acquire), and the last to arrive sums the slots in
+// slot order, writes loss = sum / M and puts the counter back to 0. With split-K only the last
+// slice of a tile runs this, so each row tile arrives once.
+struct XentArgs {
+    const i64* labels;      // [n_labels]
+    const i64* label_rows;  // row m's label is labels[label_rows[m]]; labels[m] when null
+    i64 n_labels;
+    float* loss;            // 0-dim
+    i64* flag;              // kernels_core.contract.label_flag
+    float* slots;           // one per row tile
+    int* counter;           // zero between launches
+};
+
+template <int DT, int BM, int T>
+__device__ __forceinline__ void xent_tile(typename Elt<DT>::T* C, int M, int N, int m0, int pid_m, const XentArgs& x,
+                                          float* row_loss) {
+    typedef Elt<DT> E;
+    // Orders every thread's stores of the tile's logits before the reads below, and every
+    // warp's last reads of the shared operand tiles before row_loss reuses that memory.
+    __syncthreads();
+    const float inv_rows = 1.f / (float)M;
+    for (int r = threadIdx.x; r < BM && m0 + r < M; r += T) {
+        const int m = m0 + r;
+        typename E::T* z = C + (i64)m * N;
+        float mx = neg_inf();
+        for (int j = 0; j < N; ++j) mx = fmaxf(mx, E::load(z[j]));
+        // A logit equal to the max counts 1 rather than exp(inf - inf) = NaN (loss.cu's
+        // lse_merge does the same); a NaN logit still makes s NaN (fmaxf skipped it above).
+        float s = 0.f;
+        for (int j = 0; j < N; ++j) {
+            const float v = E::load(z[j]);
+            s += v == mx ? 1.f : expf(v - mx);
+        }
+        const i64 at = x.label_rows ? x.label_rows[m] : m;
+        const i64 label = at >= 0 && at < x.n_labels ? x.labels[at] : 0;  // the contract's zero row
+        const bool valid = label >= 0 && label < N;
+        row_loss[r] = valid ? mx + logf(s) - E::load(z[label]) : quiet_nan();
+        const float inv_s = 1.f / s;
+        for (int j = 0; j < N; ++j) {
+            const float g = expf(E::load(z[j]) - mx) * inv_s - (j == label ? 1.f : 0.f);
+            z[j] = E::store(g * inv_rows);
+        }
+        if (!valid) {  // racing rows all write a bad label and the same N
+            x.flag[0] = 1;
+            x.flag[1] = label;
+            x.flag[2] = N;
+        }
+    }
+    __syncthreads();
+    const int tiles = (M + BM - 1) / BM;
+    if (threadIdx.x == 0) {
+        const int rows = M - m0 < BM ? M - m0 : BM;
+        float sum = 0.f;
+        for (int r = 0; r < rows; ++r) sum += row_loss[r];
+        x.slots[pid_m] = sum;
+    }
+    if (!splitk_arrive_last(x.counter, tiles)) return;
+    if (threadIdx.x == 0) {
+        float sum = 0.f;
+        for (int t = 0; t < tiles; ++t) sum += ldcg1(x.slots + t);
+        *x.loss = sum / (float)M;
+    }
+}
+
+// linear_sgd: torch.optim.SGD's rule (dampening 0, no Nesterov) on float32 params p in place,
+// from fp32 gradients g, written with optim.cu's sgd_kernel's expressions so that it compiles
+// to the same fused multiply-adds and gives the same bits from the same gradient:
+//   d = g + wd * p;  buf = momentum * buf + d, d = buf (when buf, i.e. momentum != 0);  p -= lr * d
+// and low (the dtype's copy, optional) = p rounded. `count` of the CNT elements exist; `vec`
+// (every pointer aligned to CNT elements) lets a whole group move as one vector.
+template <typename T>
+struct SgdArgs {
+    float* buf;
+    T* low;
+    float lr, momentum, weight_decay;
+};
+
+template <int DT, int CNT>
+__device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT>::T>& s, const float (&g)[CNT],
+                                         int count, bool vec) {
+    typedef Elt<DT> E;
+    typedef Pack<float, CNT> PF;
+    typedef Pack<typename E::T, CNT> PL;
+    const bool whole = vec && count >= CNT;
+    PF pp, bb;
+    if (whole) {
+        pp = *reinterpret_cast<const PF*>(p);
+        if (s.buf) bb = *reinterpret_cast<const PF*>(s.buf);
+    } else {
+#pragma unroll
+        for (int j = 0; j < CNT; ++j) {
+            pp.v[j] = j < count ? p[j] : 0.f;
+            bb.v[j] = s.buf && j < count ? s.buf[j] : 0.f;
+        }
+    }
+    PL ll;
+#pragma unroll
+    for (int j = 0; j < CNT; ++j) {
+        float d = g[j];
+        // Skipped, not multiplied by 0, when off: 0 * inf would turn an inf param into NaN.
+        if (s.weight_decay != 0.f) d += s.weight_decay * pp.v[j];
+        if (s.buf) {
+            d = s.momentum * bb.v[j] + d;
+            bb.v[j] = d;
+        }
+        pp.v[j] = pp.v[j] - s.lr * d;
+        ll.v[j] = E::store(pp.v[j]);
+    }
+    if (whole) {
+        *reinterpret_cast<PF*>(p) = pp;
+        if (s.buf) *reinterpret_cast<PF*>(s.buf) = bb;
+        if (s.low) *reinterpret_cast<PL*>(s.low) = ll;
+    } else {
+#pragma unroll
+        for (int j = 0; j < CNT; ++j) {
+            if (j >= count) break;
+            p[j] = pp.v[j];
+            if (s.buf) s.buf[j] = bb.v[j];
+            if (s.low) s.low[j] = ll.v[j];
+        }
+    }
+}
+
+// Whether groups of CNT elements starting at multiples of CNT of row-major [., N] arrays p, buf
+// and low are aligned for sgd_step's vectors.
+template <int DT, int CNT>
+__device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typename Elt<DT>::T>& s, int N) {
+    constexpr u64 PF_ALIGN = alignof(Pack<float, CNT>), PL_ALIGN = alignof(Pack<typename Elt<DT>::T, CNT>);
+    return N % CNT == 0 && reinterpret_cast<u64>(p) % PF_ALIGN == 0 && reinterpret_cast<u64>(s.buf) % PF_ALIGN == 0 &&
+           reinterpret_cast<u64>(s.low) % PL_ALIGN == 0;
+}
+
+// The bias of linear_sgd, in the blocks of tile row 0: gb[n] = sum over the batch of
+// op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), one column per
+// thread (consecutive threads read consecutive columns of a row-major dy), then sgd_step.
+// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1.
+template <int DT, int B_KC, int BN, int T>
+__device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, int K, int N, int n0, float* bias,
+                                         const SgdArgs<typename Elt<DT>::T>& s) {
+    typedef Elt<DT> E;
+    for (int c = threadIdx.x; c < BN && n0 + c < N; c += T) {
+        const int n = n0 + c;
+        float g[1] = {0.f};
+        for (int k = 0; k < K; ++k) g[0] += E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]);
+        const SgdArgs<typename E::T> at = {s.buf ? s.buf + n : nullptr, s.low ? s.low + n : nullptr, s.lr, s.momentum,
+                                           s.weight_decay};
+        sgd_step<DT, 1>(bias + n, at, g, 1, false);
+    }
 }
 
 // Flat work split of the elementwise kernels (elementwise.cu, optim.cu): the

@@ -6,8 +6,6 @@
 // (the trainer's 128 x 10 logits are 5 KB: there the launch, not the bytes, is the cost).
 #include "common.cuh"
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
 // Merges running (max, sum of exp(x - max)) pairs. The equality tests keep
 // -inf - -inf (a NaN) out of the sums; a NaN input still poisons the sum.
 __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
@@ -80,7 +78,7 @@ softmax_xent_kernel(const typename Elt<DT>::T* logits, const i64* labels, float*
         reinterpret_cast<P*>(dx)[v] = out;
     }
     if (threadIdx.x == 0) {
-        float row_loss = valid ? m + logf(s) - E::load(x[label]) : __int_as_float(0x7fc00000);
+        float row_loss = valid ? m + logf(s) - E::load(x[label]) : quiet_nan();
         atomicAdd(loss, row_loss * inv_rows);
         if (!valid) {  // racing rows all write a bad label and the same ncols
             flag[0] = 1;

@@ -1,9 +1,12 @@
 """matmul: fp32 on CUDA cores (matmul_simt.cu), fp16/bf16 on tensor cores
-(matmul_tc.cu); the search spaces of both kernels live here as data."""
+(matmul_tc.cu); the search spaces of both kernels live here as data, and so
+do the parts of a launch the fused ops (fused.py) share with matmul: operand
+layouts, variants, the kernels' parameter list."""
 from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -132,24 +135,125 @@ def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
     return min(grids, key=lambda g: (max(bm // g[0], bn // g[1]) / min(bm // g[0], bn // g[1]), g[0]))
 
 
-def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu) -> rt.Variant:
+def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu, a_rows=False, epi="plain") -> rt.Variant:
+    """a_rows: A's stored rows read through an index vector; epi: an rt.EPI_CODE name (common.cuh)."""
     return rt.Variant("matmul_simt.cu", "matmul_simt_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["THREAD_M"], cfg["THREAD_N"], va, vb,
-        cfg["num_stages"], cfg["GROUP_M"], cfg["SPLIT_K"], int(a_kc), int(b_kc), int(has_bias), int(relu)))
+        cfg["num_stages"], cfg["GROUP_M"], cfg["SPLIT_K"], int(a_kc), int(b_kc), int(has_bias), int(relu),
+        int(a_rows), rt.EPI_CODE[epi]))
 
 
-def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16) -> rt.Variant:
+def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16, a_rows=False, epi="plain") -> rt.Variant:
     warps_m, warps_n = warp_grid(cfg)
     return rt.Variant("matmul_tc.cu", "matmul_tc_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], warps_m, warps_n, cfg["num_stages"],
         va, vb, cfg["GROUP_M"], cfg["SPLIT_K"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
-        int(acc16), int(arch >= 80)))
+        int(acc16), int(arch >= 80), int(a_rows), rt.EPI_CODE[epi]))
+
+
+def variant(dtype: str, arch: int, cfg, ops: "Operands", *, has_bias=False, relu=False, acc16=False,
+            epi="plain") -> rt.Variant:
+    """The kernel variant of a call: SIMT for fp32, tensor cores otherwise."""
+    if dtype == "fp32":
+        return simt_variant(cfg, ops.a_kc, ops.b_kc, ops.va, ops.vb, has_bias, relu, ops.a_rows is not None, epi)
+    return tc_variant(cfg, dtype, arch, ops.a_kc, ops.b_kc, ops.va, ops.vb, has_bias, relu, acc16,
+                      ops.a_rows is not None, epi)
+
+
+# Both matmul kernels' parameters, in order (the GEMM's, then common.cuh's FUSED_PARAMS), with how
+# each is passed. Every launch passes them all; a variant reads those its template flags use.
+KERNEL_PARAMS = (
+    ("A", rt.ptr), ("B", rt.ptr), ("bias", rt.ptr), ("C", rt.ptr), ("M", rt.i32), ("N", rt.i32), ("K", rt.i32),
+    ("lda", rt.i64), ("ldb", rt.i64), ("partials", rt.ptr), ("counters", rt.ptr), ("k_slice", rt.i32),
+    ("a_rows", rt.ptr), ("rows_of_a", rt.i64), ("relu_y", rt.ptr),
+    ("labels", rt.ptr), ("label_rows", rt.ptr), ("n_labels", rt.i64), ("loss", rt.ptr), ("flag", rt.ptr),
+    ("loss_slots", rt.ptr), ("loss_counter", rt.ptr),
+    ("w", rt.ptr), ("w_buf", rt.ptr), ("w_low", rt.ptr), ("b", rt.ptr), ("b_buf", rt.ptr), ("b_low", rt.ptr),
+    ("lr", rt.f32), ("momentum", rt.f32), ("weight_decay", rt.f32),
+)
+_PARAM_NAMES = frozenset(name for name, _ in KERNEL_PARAMS)
+
+
+def kernel_args(ops: "Operands", **given) -> tuple:
+    """The launch's arguments in KERNEL_PARAMS order: the operands' own from `ops`, the rest from
+    `given` by name; any not given is 0 (a null pointer)."""
+    unknown = set(given) - _PARAM_NAMES
+    if unknown:
+        raise TypeError(f"not parameters of the matmul kernels: {sorted(unknown)}")
+    given = {"A": ops.a, "B": ops.b, "lda": ops.lda, "ldb": ops.ldb, "a_rows": ops.a_rows,
+             "rows_of_a": ops.rows_of_a, **given}
+    return tuple(conv(given.get(name, None if conv is rt.ptr else 0)) for name, conv in KERNEL_PARAMS)
+
+
+class Operands(NamedTuple):
+    """How a call's kernel reads op(a) (M x K) and op(b) (K x N): the tensors, whether k is
+    contiguous, leading dimensions, vector widths, and a's gather (a_rows, a.shape[0]) if any."""
+    a: torch.Tensor
+    a_kc: bool
+    lda: int
+    va: int
+    b: torch.Tensor
+    b_kc: bool
+    ldb: int
+    vb: int
+    a_rows: torch.Tensor | None
+    rows_of_a: int
+
+
+def gathered_layout(a: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(a, its row stride) for a read by stored rows (a_rows): each row's elements must be
+    unit-stride, so another view is copied once. Of a single row only row 0 is ever read, so its
+    stride is whatever keeps the vector widths widest."""
+    if a.shape[1] > 1 and a.stride(1) != 1:
+        a = a.contiguous()
+    return a, a.stride(0) if a.shape[0] > 1 else max(a.shape[1], 1)
+
+
+def operands(a, b, trans_a: bool, trans_b: bool, a_rows=None) -> Operands:
+    if a_rows is None:
+        a_t, a_kc, lda = matrix_layout(a, trans_a)  # op(a) is M x K: cols contiguous = k contiguous
+    else:
+        # a's rows are whole: k runs along them (the batch's rows gathered along M) unless
+        # trans_a (x_rows gathered along K).
+        a_t, lda = gathered_layout(a)
+        a_kc = not trans_a
+        a_rows = a_rows.contiguous()
+    b_t, b_n_contig, ldb = matrix_layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
+    elt = a.element_size()
+    va = rt.pick_vec(VEC_BYTES // elt, elt, (a_t,), (lda,))
+    vb = rt.pick_vec(VEC_BYTES // elt, elt, (b_t,), (ldb,))
+    return Operands(a_t, a_kc, lda, va, b_t, not b_n_contig, ldb, vb, a_rows, a.shape[0] if a_rows is not None else 0)
+
+
+class Split(NamedTuple):
+    """A call's grid: tiles x slices blocks; cfg is what the kernel is built with (SPLIT_K = 1
+    when one slice holds K), k_slice the slice length."""
+    cfg: dict
+    tiles: int
+    slices: int
+    k_slice: int
+
+    def partial_elems(self) -> int:
+        """fp32 elements of the split-K workspace's partial tiles (0 for the plain kernel)."""
+        return self.tiles * self.slices * self.cfg["BLOCK_M"] * self.cfg["BLOCK_N"] if self.slices > 1 else 0
+
+
+def split(cfg, M: int, N: int, K: int) -> Split:
+    k_slice, slices = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
+    # One slice that holds K is the plain kernel: no workspace, no arrival, as in the Triton twin.
+    run = cfg if slices > 1 else {**cfg, "SPLIT_K": 1}
+    return Split(run, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), slices, k_slice)
 
 
 def launch_cost(dtype: str, cfg, arch: int) -> tuple[int, int]:
     """(threads per block, dynamic shared memory) of a launch: the space's own cost expressions."""
     cost = _SPACES[dtype].cost(cfg, contract.DTYPES[dtype].itemsize, arch)
     return cost["threads"], cost["smem_bytes"]
+
+
+def check_arch(dtype: str, arch: int, name: str) -> None:
+    if dtype == "bf16" and arch < 80:
+        raise ValueError(f"{name}: bf16 tensor-core matmul needs sm_80 or newer, this GPU is sm_{arch}")
 
 
 def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
@@ -163,19 +267,18 @@ def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
-           accumulate="fp32"):
-    M, N, K = matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate)
+           accumulate="fp32", a_rows=None, relu_grad_of=None):
+    M, N, K = matmul_args(a, b, bias, activation, trans_a, trans_b, accumulate, a_rows, relu_grad_of)
     rt.check_cuda("a", a)
     dtype = dtype_name(a.dtype)
     dev = a.device.index
     arch, _ = rt.device_props(dev)
-    if dtype == "bf16" and arch < 80:
-        raise ValueError(f"a: bf16 tensor-core matmul needs sm_80 or newer, this GPU is sm_{arch}")
+    check_arch(dtype, arch, "a")
     cfg = space_for(dtype).resolve(config, a.element_size(), arch)
     out = output("out", out, (M, N), a.dtype, a.device, contiguous=False)
     if M == 0 or N == 0:
         return out
-    if K == 0:  # empty sum: act(bias) or zeros
+    if K == 0:  # empty sum: act(bias) or zeros (relu_grad_of takes no bias: zeros)
         if bias is None:
             out.zero_()
         else:
@@ -184,34 +287,25 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
                 out.relu_()
         return out
 
-    a_t, a_kc, lda = matrix_layout(a, trans_a)  # op(a) is M x K: cols contiguous = k contiguous
-    b_t, b_n_contig, ldb = matrix_layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
-    b_kc = not b_n_contig
+    ops = operands(a, b, trans_a, trans_b, a_rows)
     if bias is not None:
         bias = bias.contiguous()
-    elt = a.element_size()
-    va = rt.pick_vec(VEC_BYTES // elt, elt, (a_t,), (lda,))
-    vb = rt.pick_vec(VEC_BYTES // elt, elt, (b_t,), (ldb,))
-    relu = activation == "relu"
-    k_slice, slices = splitk_slices(K, cfg["SPLIT_K"], cfg["BLOCK_K"])
-    # One slice that holds K is the plain kernel: no workspace, no arrival, as in the Triton twin.
-    run = cfg if slices > 1 else {**cfg, "SPLIT_K": 1}
-    if dtype == "fp32":
-        variant = simt_variant(run, a_kc, b_kc, va, vb, bias is not None, relu)
-    else:
-        variant = tc_variant(run, dtype, arch, a_kc, b_kc, va, vb, bias is not None, relu, accumulate == "fp16")
+    if relu_grad_of is not None:
+        relu_grad_of = relu_grad_of.contiguous()  # read with ld = N, as C is written
+    grid = split(cfg, M, N, K)
+    kernel = variant(dtype, arch, grid.cfg, ops, has_bias=bias is not None, relu=activation == "relu",
+                     acc16=accumulate == "fp16", epi="plain" if relu_grad_of is None else "relu_grad")
     threads, smem = launch_cost(dtype, cfg, arch)
-    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
     partials = counters = None  # SPLIT_K == 1 compiles no access to them
-    if run["SPLIT_K"] > 1:
+    if grid.slices > 1:
         # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread
         # order); counters[tile] are zero between calls (the last arrival resets its own).
-        partials, counters = splitk_workspace(a.device, tiles * slices * cfg["BLOCK_M"] * cfg["BLOCK_N"], tiles)
+        partials, counters = splitk_workspace(a.device, grid.partial_elems(), grid.tiles)
     # The kernels store row-major with ld = N; a strided `out` view gets the result by one copy.
     c = out if out.is_contiguous() else torch.empty((M, N), dtype=a.dtype, device=a.device)
-    rt.launch(variant, dev, (tiles, slices, 1), (threads, 1, 1),
-              (rt.ptr(a_t), rt.ptr(b_t), rt.ptr(bias), rt.ptr(c), rt.i32(M), rt.i32(N), rt.i32(K),
-               rt.i64(lda), rt.i64(ldb), rt.ptr(partials), rt.ptr(counters), rt.i32(k_slice)),
+    rt.launch(kernel, dev, (grid.tiles, grid.slices, 1), (threads, 1, 1),
+              kernel_args(ops, bias=bias, C=c, M=M, N=N, K=K, partials=partials, counters=counters,
+                          k_slice=grid.k_slice, relu_y=relu_grad_of),
               smem, for_=rt.tag("matmul", dtype, cfg))
     if c is not out:
         out.copy_(c)

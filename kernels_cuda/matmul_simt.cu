@@ -34,12 +34,19 @@
 // K slice, and the last block of a tile to finish adds the fp32 partials in
 // slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
 // SPLIT_K == 1 compiles none of that: the same code as without the parameter.
+//
+// Fused paths (common.cuh, "fused paths"), each a template argument that compiles nothing when
+// off: A_ROWS reads A's stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's
+// x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
 #include "common.cuh"
 
 // One operand tile: BK x BD of op(X) (BD = BM for A, BN for B), staged
 // through registers. KC says k is X's contiguous dimension: op(X)[d, k] is
-// X[d * ld + k] when KC, else X[k * ld + d].
-template <int BD, int BK, int V, int T, int KC>
+// X[d * ld + k] when KC, else X[k * ld + d]. With ROWS, X's stored rows (d
+// when KC, else k) are read through the index vector `rows` of X's `stored`
+// rows: row r is X + rows[r] * ld, a row of zeros where common.cuh's
+// gathered_row says so; within a row the vector loads stay as they are.
+template <int BD, int BK, int V, int T, int KC, int ROWS = 0>
 struct SimtTile {
     static constexpr int VECS = BD * BK / V;
     static constexpr int PER_THREAD = (VECS + T - 1) / T;
@@ -58,7 +65,8 @@ struct SimtTile {
         }
     }
 
-    __device__ __forceinline__ void load(const float* X, i64 ld, int d0, int k0, int D, int K) {
+    __device__ __forceinline__ void load(const float* X, i64 ld, int d0, int k0, int D, int K, const i64* rows,
+                                        i64 stored) {
 #pragma unroll
         for (int p = 0; p < PER_THREAD; ++p) {
             int c = threadIdx.x + p * T;
@@ -66,6 +74,17 @@ struct SimtTile {
             int d, k;
             coords(c, d, k);
             const int gd = d0 + d, gk = k0 + k;
+            if constexpr (ROWS) {
+                const i64 row = KC ? gathered_row(rows, gd, D, stored) : gathered_row(rows, gk, K, stored);
+                const int col = KC ? gk : gd, cols = KC ? K : D;
+                if (row >= 0 && col + V <= cols) {
+                    r[p] = *reinterpret_cast<const P*>(X + row * ld + col);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) r[p].v[j] = row >= 0 && col + j < cols ? X[row * ld + col + j] : 0.f;
+                }
+                continue;
+            }
             const bool full = KC ? (gd < D && gk + V <= K) : (gk < K && gd + V <= D);
             if (full) {
                 r[p] = *reinterpret_cast<const P*>(KC ? X + (i64)gd * ld + gk : X + (i64)gk * ld + gd);
@@ -97,13 +116,16 @@ struct SimtTile {
 };
 
 template <int BM, int BN, int BK, int TM, int TN, int VA, int VB, int STAGES, int GROUP_M, int SPLIT_K,
-          int A_KC, int B_KC, int HAS_BIAS, int RELU>
+          int A_KC, int B_KC, int HAS_BIAS, int RELU, int A_ROWS, int EPI>
 __global__ void __launch_bounds__(BM * BN / (TM * TN))
 matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, int M, int N, int K,
-                   i64 lda, i64 ldb, float* partials, int* counters, int k_slice) {
+                   i64 lda, i64 ldb, float* partials, int* counters, int k_slice, FUSED_PARAMS(float)) {
+    static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
+    static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
+    static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
     constexpr int T = BM * BN / (TM * TN);
     constexpr int RM = BM / TM, RN = BN / TN;  // threads along m and n
-    typedef SimtTile<BM, BK, VA, T, A_KC> TileA;
+    typedef SimtTile<BM, BK, VA, T, A_KC, A_ROWS> TileA;
     typedef SimtTile<BN, BK, VB, T, B_KC> TileB;
     constexpr int A_STAGE = BK * TileA::LD_S, B_STAGE = BK * TileB::LD_S;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -111,10 +133,12 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     float* Bs = As + STAGES * A_STAGE;
 
     int pid_m, pid_n;
-    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
+    const int num_pid_m = (M + BM - 1) / BM;
+    // linear_sgd of a layer with no inputs (M = K_in = 0) still updates its bias: one tile row of no weights.
+    swizzle_block<GROUP_M>(blockIdx.x, EPI == EPI_SGD && num_pid_m == 0 ? 1 : num_pid_m, (N + BN - 1) / BN, pid_m, pid_n);
     const int m0 = pid_m * BM, n0 = pid_n * BN;
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
-    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC>(A, B, K, lda, ldb, k_slice);  // from here on: its slice
+    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
     float acc[TM][TN];
 #pragma unroll
@@ -151,16 +175,16 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     };
 
     if (STAGES == 2) {
-        ta.load(A, lda, m0, 0, M, K);
-        tb.load(B, ldb, n0, 0, N, K);
+        ta.load(A, lda, m0, 0, M, K, a_rows, rows_of_a);
+        tb.load(B, ldb, n0, 0, N, K, nullptr, 0);
         ta.store(As);
         tb.store(Bs);
         __syncthreads();
         for (int kt = 0; kt < KT; ++kt) {
             const int cur = kt % 2;
             if (kt + 1 < KT) {  // in flight while the FMAs below run
-                ta.load(A, lda, m0, (kt + 1) * BK, M, K);
-                tb.load(B, ldb, n0, (kt + 1) * BK, N, K);
+                ta.load(A, lda, m0, (kt + 1) * BK, M, K, a_rows, rows_of_a);
+                tb.load(B, ldb, n0, (kt + 1) * BK, N, K, nullptr, 0);
             }
             compute(As + cur * A_STAGE, Bs + cur * B_STAGE);
             if (kt + 1 < KT) {
@@ -173,8 +197,8 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     } else {
         for (int kt = 0; kt < KT; ++kt) {
-            ta.load(A, lda, m0, kt * BK, M, K);
-            tb.load(B, ldb, n0, kt * BK, N, K);
+            ta.load(A, lda, m0, kt * BK, M, K, a_rows, rows_of_a);
+            tb.load(B, ldb, n0, kt * BK, N, K, nullptr, 0);
             ta.store(As);
             tb.store(Bs);
             __syncthreads();
@@ -189,8 +213,11 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                                                     [&](int f, int e, float x) { at(f, e) = x; })) return;
     }
 
-    // Epilogue: 4 consecutive columns per store when C's rows allow 16 bytes.
-    const bool vec_ok = (N % 4 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0);
+    // Epilogue: 4 consecutive columns per store when C's rows (and y's) allow 16 bytes.
+    const bool vec_ok = (N % 4 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0) &&
+                        (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 15) == 0);
+    const SgdArgs<float> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
+    const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, 4>(w, sgd, N);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
@@ -205,7 +232,26 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                 if (HAS_BIAS) v += (n + j < N) ? bias[n + j] : 0.f;
                 out.v[j] = RELU ? relu_f(v) : v;
             }
-            float* c = C + (i64)m * N + n;
+            const i64 at = (i64)m * N + n;
+            if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 3) updates w there; never stored
+                const SgdArgs<float> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
+                                             weight_decay};
+                sgd_step<DT_FP32, 4>(w + at, here, out.v, N - n, sgd_vec);
+                continue;
+            }
+            if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
+                Pack<float, 4> y;
+                if (vec_ok && n + 4 <= N) {
+                    y = *reinterpret_cast<const Pack<float, 4>*>(relu_y + at);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) y.v[j] = n + j < N ? relu_y[at + j] : 1.f;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (y.v[j] <= 0.f) out.v[j] = 0.f;
+            }
+            float* c = C + at;
             if (vec_ok && n + 4 <= N) {
                 *reinterpret_cast<Pack<float, 4>*>(c) = out;
             } else {
@@ -215,11 +261,20 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             }
         }
     }
+    if constexpr (EPI == EPI_XENT)
+        xent_tile<DT_FP32, BM, T>(C, M, N, m0, pid_m,
+                                  XentArgs{labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter},
+                                  reinterpret_cast<float*>(smem_raw));
+    if constexpr (EPI == EPI_SGD)
+        if (pid_m == 0) sgd_bias<DT_FP32, B_KC, BN, T>(B, ldb, K, N, n0, b, SgdArgs<float>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE
-// The default configs (kernels_cuda/matmul.py: SIMT_SPACE, row-major A and B), instantiated for the build line at the top.
+// The default configs (kernels_cuda/matmul.py: SIMT_SPACE, row-major A and B), instantiated for the build line at
+// the top: the plain matmul, then the fused ops' (kernels_cuda/fused.py: report_variant) on the same config.
 void* const standalone_kernels[] = {
-    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 1, 0, 0, 0>
+    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 1, 0, 0, 0, 0, EPI_PLAIN>,
+    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 1, 0, 1, 0, 0, EPI_XENT>,
+    (void*)&matmul_simt_kernel<128, 128, 8, 8, 8, 4, 4, 2, 8, 1, 0, 0, 0, 0, 0, EPI_SGD>
 };
 #endif

@@ -44,6 +44,10 @@
 // K slice, and the last block of a tile to finish adds the fp32 partials in
 // slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
 // SPLIT_K == 1 compiles none of that: the same code as without the parameter.
+//
+// Fused paths (common.cuh, "fused paths"), each a template argument that compiles nothing when
+// off: A_ROWS reads A's stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's
+// x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
 #include "common.cuh"
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -132,7 +136,10 @@ __device__ __forceinline__ void acc_set(Acc<1>& c, int i, float x) {
 // A ROWS x COLS tile of a matrix whose COLS dimension is contiguous:
 // element (r, c) of the tile is X[(r0 + r) * ld + c0 + c], valid for
 // r0 + r < R and c0 + c < CN, zero outside. Shared copy: [ROWS][COLS + 8].
-template <int ROWS, int COLS, int V, int T>
+// GATHER: X's rows are read through the index vector `rows` of X's
+// `stored` rows: row r0 + r is X + rows[r0 + r] * ld, a row of zeros where
+// common.cuh's gathered_row says so.
+template <int ROWS, int COLS, int V, int T, int GATHER = 0>
 struct TcTile {
     static constexpr int LD_S = COLS + 8;
     static constexpr int STAGE = ROWS * LD_S;  // halves per pipeline stage
@@ -142,25 +149,32 @@ struct TcTile {
 
     // Where chunk c goes and how many of its V elements exist in X.
     static __device__ __forceinline__ int chunk(int c, const u16* X, i64 ld, int r0, int c0, int R, int CN,
-                                                const u16*& src, int& s_off) {
+                                                const i64* rows, i64 stored, const u16*& src, int& s_off) {
         const int r = c / (COLS / V), col = (c % (COLS / V)) * V;
         const int gr = r0 + r, gc = c0 + col;
         s_off = r * LD_S + col;
         const int left = CN - gc;
+        if constexpr (GATHER) {
+            const i64 row = gathered_row(rows, gr, R, stored);
+            const int n_ok = row >= 0 ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
+            src = n_ok > 0 ? X + row * ld + gc : X;
+            return n_ok;
+        }
         const int n_ok = gr < R ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
         src = n_ok > 0 ? X + (i64)gr * ld + gc : X;  // never form an address past the edge
         return n_ok;
     }
 
     // sm_80+: asynchronous copies straight into the stage.
-    static __device__ __forceinline__ void load_async(u16* Xs, const u16* X, i64 ld, int r0, int c0, int R, int CN) {
+    static __device__ __forceinline__ void load_async(u16* Xs, const u16* X, i64 ld, int r0, int c0, int R, int CN,
+                                                      const i64* rows, i64 stored) {
 #pragma unroll
         for (int p = 0; p < PER_THREAD; ++p) {
             const int c = threadIdx.x + p * T;
             if (CHUNKS % T != 0 && c >= CHUNKS) break;
             const u16* src;
             int s_off;
-            const int n_ok = chunk(c, X, ld, r0, c0, R, CN, src, s_off);
+            const int n_ok = chunk(c, X, ld, r0, c0, R, CN, rows, stored, src, s_off);
             if constexpr (V >= 2) {
                 cp_async<2 * V>(smem_addr(Xs + s_off), src, 2 * n_ok);
             } else {  // 2-byte chunks are below cp.async's minimum: plain copy
@@ -173,14 +187,15 @@ struct TcTile {
     struct Staged {
         P r[PER_THREAD];
 
-        __device__ __forceinline__ void fetch(const u16* X, i64 ld, int r0, int c0, int R, int CN) {
+        __device__ __forceinline__ void fetch(const u16* X, i64 ld, int r0, int c0, int R, int CN, const i64* rows,
+                                              i64 stored) {
 #pragma unroll
             for (int p = 0; p < PER_THREAD; ++p) {
                 const int c = threadIdx.x + p * T;
                 if (CHUNKS % T != 0 && c >= CHUNKS) break;
                 const u16* src;
                 int s_off;
-                const int n_ok = chunk(c, X, ld, r0, c0, R, CN, src, s_off);
+                const int n_ok = chunk(c, X, ld, r0, c0, R, CN, rows, stored, src, s_off);
                 if (n_ok == V) {
                     r[p] = *reinterpret_cast<const P*>(src);
                 } else {
@@ -205,18 +220,21 @@ struct TcTile {
 // ---------------------------------------------------------------- the kernel
 
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int SPLIT_K,
-          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80>
+          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
 matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb,
-                 float* partials, int* counters, int k_slice) {
+                 float* partials, int* counters, int k_slice, FUSED_PARAMS(u16)) {
     static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
     static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
     static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
+    static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
+    static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
+    static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
     constexpr int T = 32 * WARPS_M * WARPS_N;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
-    typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T> TileA;
+    typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T, A_ROWS> TileA;  // A's stored rows: m when A_KC, else k
     typedef TcTile<B_KC ? BN : BK, B_KC ? BK : BN, VB, T> TileB;
     typedef Elt<DT> E;
 
@@ -225,11 +243,13 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     u16* Bs = As + STAGES * TileA::STAGE;
 
     int pid_m, pid_n;
-    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
+    const int num_pid_m = (M + BM - 1) / BM;
+    // linear_sgd of a layer with no inputs (M = K_in = 0) still updates its bias: one tile row of no weights.
+    swizzle_block<GROUP_M>(blockIdx.x, EPI == EPI_SGD && num_pid_m == 0 ? 1 : num_pid_m, (N + BN - 1) / BN, pid_m, pid_n);
     const int m0 = pid_m * BM, n0 = pid_n * BN;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC>(A, B, K, lda, ldb, k_slice);  // from here on: its slice
+    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
     Acc<ACC16> acc[MT][NT];
 #pragma unroll
@@ -279,10 +299,10 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // Queues copies of k-slice kt of both operands into stage s.
         auto load_stage = [&](int s, int kt) {
             const int k0 = kt * BK;
-            if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K);
-            else      TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M);
-            if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K);
-            else      TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N);
+            if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
+            else      TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
+            if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
+            else      TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
         };
         // Ring of STAGES buffers; one commit group per k-slice (empty past
         // the end) so that "all but STAGES - 2 groups done" means slice kt
@@ -307,10 +327,10 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         typename TileB::Staged sb;
         auto fetch = [&](int kt) {
             const int k0 = kt * BK;
-            if (A_KC) sa.fetch(A, lda, m0, k0, M, K);
-            else      sa.fetch(A, lda, k0, m0, K, M);
-            if (B_KC) sb.fetch(B, ldb, n0, k0, N, K);
-            else      sb.fetch(B, ldb, k0, n0, K, N);
+            if (A_KC) sa.fetch(A, lda, m0, k0, M, K, a_rows, rows_of_a);
+            else      sa.fetch(A, lda, k0, m0, K, M, a_rows, rows_of_a);
+            if (B_KC) sb.fetch(B, ldb, n0, k0, N, K, nullptr, 0);
+            else      sb.fetch(B, ldb, k0, n0, K, N, nullptr, 0);
         };
         fetch(0);
         sa.store(As);
@@ -338,8 +358,11 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     }
 
     // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
-    // stores of column pairs when C's rows keep them aligned.
-    const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0);
+    // stores of column pairs when C's rows (and y's) keep them aligned.
+    const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0) &&
+                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 3) == 0);
+    const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
+    const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -361,7 +384,28 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                     v0 = relu_f(v0);
                     v1 = relu_f(v1);
                 }
-                u16* c = C + (i64)m * N + n;
+                const i64 at = (i64)m * N + n;
+                if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 1) updates w there; never stored
+                    const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
+                                               weight_decay};
+                    const float gw[2] = {v0, v1};
+                    sgd_step<DT, 2>(w + at, here, gw, N - n, sgd_vec);
+                    continue;
+                }
+                if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
+                    float y0, y1 = 1.f;
+                    if (pair_ok && n + 1 < N) {
+                        const u32 y = *reinterpret_cast<const u32*>(relu_y + at);
+                        y0 = E::load((u16)y);
+                        y1 = E::load((u16)(y >> 16));
+                    } else {
+                        y0 = E::load(relu_y[at]);
+                        if (n + 1 < N) y1 = E::load(relu_y[at + 1]);
+                    }
+                    if (y0 <= 0.f) v0 = 0.f;
+                    if (y1 <= 0.f) v1 = 0.f;
+                }
+                u16* c = C + at;
                 if (pair_ok && n + 1 < N) {
                     *reinterpret_cast<u32*>(c) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
                 } else {
@@ -371,11 +415,19 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             }
         }
     }
+    if constexpr (EPI == EPI_XENT)
+        xent_tile<DT, BM, T>(C, M, N, m0, pid_m, XentArgs{labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter},
+                             reinterpret_cast<float*>(smem_raw));
+    if constexpr (EPI == EPI_SGD)
+        if (pid_m == 0) sgd_bias<DT, B_KC, BN, T>(B, ldb, K, N, n0, b, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE
-// The default configs (kernels_cuda/matmul.py: TC_SPACE, fp16, row-major A and B), instantiated for the build line at the top.
+// The default configs (kernels_cuda/matmul.py: TC_SPACE, fp16, row-major A and B), instantiated for the build line at
+// the top: the plain matmul, then the fused ops' (kernels_cuda/fused.py: report_variant) on the same config.
 void* const standalone_kernels[] = {
-    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 0, 0, 0, 1>
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 0, 0, 0, 1, 0, EPI_PLAIN>,
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 1, 0, 0, 1, 0, EPI_XENT>,
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 0, 0, 0, 0, 0, 1, 0, EPI_SGD>
 };
 #endif

@@ -1,8 +1,9 @@
 """What a config costs the hardware: registers, shared memory, spills.
 
 `compile_reports` answers offline, with no GPU: it builds every config's
-representative variant (row-major operands, no epilogue extras) with nvcc in
-one call per source file and reads ptxas's numbers. `resource_report` answers
+representative variant (row-major operands, no epilogue extras; for the fused
+ops, their epilogue on the trainer's layouts: fused.report_variant) with nvcc
+in one call per source file and reads ptxas's numbers. `resource_report` answers
 from the variant a call with that config really launched on this GPU (its
 layout, epilogue and vector width included).
 """
@@ -18,14 +19,15 @@ import time
 from kernels_core import contract
 
 from . import _runtime as rt
-from . import elementwise, loss, optim, reduction
+from . import elementwise, fused, loss, optim, reduction
 # The package re-exports the function `matmul`, so the module's name is taken directly.
 from .matmul import report_variant as _matmul_variant
 
 _VARIANT_OF = {"matmul": _matmul_variant, "relu": elementwise.report_variant,
                "relu_backward": elementwise.report_variant, "bias_add": elementwise.report_variant,
                "bias_grad": reduction.report_variant, "softmax_cross_entropy": loss.report_variant,
-               "sgd_update": optim.report_variant}
+               "sgd_update": optim.report_variant, "linear_cross_entropy": fused.report_variant,
+               "linear_sgd": fused.report_variant}
 
 
 def _report_variant(op: str, dtype: str, config, arch: int) -> tuple[rt.Variant, int]:

@@ -15,9 +15,10 @@ import torch
 import kernels_cuda as kc
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
-from kernels_core.contract import DTYPES, OPS
+from kernels_core.contract import DTYPES, FUSED_OPS, OPS
 
 ARCHS = (75, 80, 90)
+GEMM_OPS = ("matmul",) + FUSED_OPS  # the ops of the matmul kernels: no bf16 before sm_80
 SAMPLES = 8
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -41,7 +42,7 @@ CASES = [(op, dtype, arch) for arch in ARCHS for op in OPS for dtype in DTYPES]
 @needs_nvcc
 @pytest.mark.parametrize("op,dtype,arch", CASES, ids=[f"{o}-{d}-sm{a}" for o, d, a in CASES])
 def test_space_sample_compiles(op, dtype, arch):
-    if op == "matmul" and dtype == "bf16" and arch < 80:
+    if op in GEMM_OPS and dtype == "bf16" and arch < 80:
         pytest.skip("sm_75 tensor cores have no bf16 mma; matmul raises a clear error there")
     configs = _sample(op, dtype, arch)
     reports = kc.compile_reports(op, dtype, configs, arch)
@@ -52,7 +53,7 @@ def test_space_sample_compiles(op, dtype, arch):
         assert 0 < rep["registers"] <= 255, (cfg, rep)
         # The space's smem expression is an upper bound (exact for all but matmul's layouts).
         assert rep["smem_bytes"] <= sp.cost(cfg, _elt(dtype), arch)["smem_bytes"], (cfg, rep)
-        if op in ("matmul", "bias_grad", "softmax_cross_entropy"):
+        if op in GEMM_OPS + ("bias_grad", "softmax_cross_entropy"):
             assert rep["smem_bytes"] > 0, (cfg, rep)
     assert reports[0]["spill_bytes"] == 0, f"default config spills: {reports[0]}"
 
@@ -63,7 +64,7 @@ def test_space_sample_compiles(op, dtype, arch):
 def test_each_archs_default_is_valid(op, dtype, arch):
     sp = kc.space(op, dtype)
     problem = sp.violated(sp.default_for(arch), _elt(dtype), arch)
-    if op == "matmul" and dtype == "bf16" and arch < 80:
+    if op in GEMM_OPS and dtype == "bf16" and arch < 80:
         assert problem == "restriction `arch >= 80` fails: bf16 tensor cores start at sm_80"  # pruned as invalid
         assert not list(sp.configs(_elt(dtype), arch))
     else:
@@ -220,6 +221,12 @@ def test_splitk_and_small_tile_configs_compile(dtype, arch):
         assert 0 < rep["smem_bytes"] <= sp.cost(cfg, _elt(dtype), arch)["smem_bytes"], (cfg, rep)
 
 
+# Split-K's epilogues beyond bias and ReLU: (HAS_BIAS, RELU, A_ROWS, EPI). Gathered rows move the
+# index vector rather than A when k runs along A's rows (enter_slice); linear_cross_entropy's last
+# slice runs the row-tile loss protocol after the tile's own.
+SPLITK_FUSED = ((0, 0, 1, "plain"), (0, 0, 0, "relu_grad"), (0, 0, 1, "relu_grad"), (1, 0, 0, "xent"))
+
+
 @needs_nvcc
 @pytest.mark.parametrize("dtype,arch", SPLITK_CASES, ids=[f"{d}-sm{a}" for d, a in SPLITK_CASES])
 def test_splitk_builds_for_every_layout_and_epilogue(dtype, arch):
@@ -232,12 +239,18 @@ def test_splitk_builds_for_every_layout_and_epilogue(dtype, arch):
                       **({"THREAD_M": 4, "THREAD_N": 4} if dtype == "fp32" else {"num_warps": 1})}, _elt(dtype), arch)
     vec = 16 // _elt(dtype)
     variants = []
-    for a_kc, b_kc, epilogue in itertools.product((0, 1), (0, 1), ((0, 0), (1, 1), (1, 0))):
-        if dtype == "fp32":
-            variants.append(simt_variant(cfg, a_kc, b_kc, vec, 1, *epilogue))
-        else:
-            for acc16 in ((0, 1) if dtype == "fp16" else (0,)):
-                variants.append(tc_variant(cfg, dtype, arch, a_kc, b_kc, vec, 2, *epilogue, acc16))
+    for a_kc, b_kc in itertools.product((0, 1), (0, 1)):
+        for epilogue in ((0, 0), (1, 1), (1, 0)):
+            if dtype == "fp32":
+                variants.append(simt_variant(cfg, a_kc, b_kc, vec, 1, *epilogue))
+            else:
+                for acc16 in ((0, 1) if dtype == "fp16" else (0,)):
+                    variants.append(tc_variant(cfg, dtype, arch, a_kc, b_kc, vec, 2, *epilogue, acc16))
+        for has_bias, relu, a_rows, epi in SPLITK_FUSED:
+            if dtype == "fp32":
+                variants.append(simt_variant(cfg, a_kc, b_kc, vec, 1, has_bias, relu, a_rows, epi))
+            else:
+                variants.append(tc_variant(cfg, dtype, arch, a_kc, b_kc, vec, 2, has_bias, relu, 0, a_rows, epi))
     smem = sp.cost(cfg, _elt(dtype), arch)["smem_bytes"]
     for v, rep in zip(variants, reports.compile_variants(variants, [smem] * len(variants), arch)):
         assert 0 < rep["registers"] <= 255, (v.name_expr, rep)
@@ -284,6 +297,65 @@ def test_splitk_handshake_in_ptx(dtype, tmp_path):
     assert max(partial_stores) < max(n for n in where("bar.sync") if n < release) < release < atom < acquire < vote
     loads = where("ld.global.cg")
     assert loads and min(loads) > vote
+
+
+# ----------------------------------------------------------------------------- fused paths
+
+# (A_KC, B_KC, HAS_BIAS, RELU, A_ROWS, EPI) of the paths the fused ops and matmul's a_rows /
+# relu_grad_of launch: gathered rows along M (a batch of a dataset, k contiguous) and along K
+# (x_rows of x^T); relu_grad_of on dy @ w^T (B k-contiguous) and on a gathered batch;
+# linear_cross_entropy as the trainer calls it and on transposed operands (ptxas gave that one
+# the most registers of every layout); linear_sgd's x^T @ dy, with x_rows, and transposed.
+FUSED_VARIANTS = (
+    (1, 0, 1, 1, 1, "plain"), (0, 0, 1, 1, 1, "plain"),
+    (1, 1, 0, 0, 0, "relu_grad"), (1, 0, 0, 0, 1, "relu_grad"),
+    (1, 0, 1, 0, 0, "xent"), (0, 1, 0, 0, 0, "xent"),
+    (0, 0, 0, 0, 0, "sgd"), (0, 0, 0, 0, 1, "sgd"), (1, 1, 0, 0, 0, "sgd"),
+)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype,arch", SPLITK_CASES, ids=[f"{d}-sm{a}" for d, a in SPLITK_CASES])
+def test_fused_paths_build_without_spills(dtype, arch):
+    """Every fused path on the arch's default config builds without spilling: a gathered load or
+    a fused epilogue must not cost the GEMM its registers (ptxas gives the plain kernels of these
+    configs 128 registers in fp32, 168-238 in fp16/bf16, no spills; the fused paths 123-151 and
+    166-242 when this test was written)."""
+    from kernels_cuda.matmul import simt_variant, tc_variant
+
+    sp = kc.space("matmul", dtype)
+    cfg = sp.default_for(arch)
+    vec = 16 // _elt(dtype)
+    variants = [simt_variant(cfg, a_kc, b_kc, vec, vec, bias, relu, rows, epi) if dtype == "fp32" else
+                tc_variant(cfg, dtype, arch, a_kc, b_kc, vec, vec, bias, relu, 0, rows, epi)
+                for a_kc, b_kc, bias, relu, rows, epi in FUSED_VARIANTS]
+    smem = sp.cost(cfg, _elt(dtype), arch)["smem_bytes"]
+    for v, rep in zip(variants, reports.compile_variants(variants, [smem] * len(variants), arch)):
+        assert 0 < rep["registers"] <= 255 and rep["spill_bytes"] == 0, (v.name_expr, rep)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_row_tile_loss_protocol_in_ptx(dtype, tmp_path):
+    """linear_cross_entropy's deterministic mean in the compiled code, in the order common.cuh
+    (xent_tile, splitk_arrive_last) argues for: the tile's slot store, bar.sync, release fence,
+    the loss counter's atomic (without split-K the only one), acquire fence, bar.red.or, then
+    the .cg loads of the slots, and the loss's store after them."""
+    from kernels_cuda import fused
+
+    cfg = kc.space("linear_cross_entropy", dtype).resolve(
+        {"BLOCK_M": 32, "BLOCK_N": 32, **({"THREAD_M": 4, "THREAD_N": 4} if dtype == "fp32" else {"num_warps": 1})},
+        _elt(dtype))
+    code = _ptx(fused.report_variant("linear_cross_entropy", dtype, cfg, 90)[0], 90, tmp_path)
+    where = lambda prefix: [n for n, i in enumerate(code) if i.startswith(prefix)]
+    (atom,) = where("atom.global.add")
+    release, acquire = where("membar.gl")
+    (vote,) = where("bar.red.or")
+    slot = max(n for n in where("st.global.f32") if n < atom)
+    assert slot < max(n for n in where("bar.sync") if n < release) < release < atom < acquire < vote
+    loads = where("ld.global.cg.f32")
+    assert loads and min(loads) > vote
+    assert max(where("st.global.f32")) > max(loads)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

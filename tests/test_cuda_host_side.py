@@ -2,20 +2,40 @@
 
 resource_report must describe the kernel a config's call really launched (its layout,
 epilogue and vector width), not a variant rebuilt from the config alone; every bad
-argument must be refused, by name, before anything is compiled or launched; and a
-split-K config must launch the grid, template and workspace it asks for. The `gpu`
-tests at the end check on a real GPU what only this twin's split-K has.
+argument must be refused, by name, before anything is compiled or launched; a split-K
+config must launch the grid, template and workspace it asks for; and the fused paths
+(matmul's a_rows and relu_grad_of, linear_cross_entropy, linear_sgd) must pass the
+kernels the arguments, flags and scratch memory their kernels read. The `gpu` tests at
+the end check on a real GPU what only this twin has.
 """
 import contextlib
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import kernels_cuda as kc
-from kernels_core.contract import DTYPES
+from kernels_core.contract import DTYPES, cdiv, label_flag
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
+from kernels_cuda.matmul import KERNEL_PARAMS
+
+# Where the matmul kernels' template arguments sit (kernels_cuda/matmul.py: simt_variant, tc_variant).
+A_KC_AT = {"fp32": 10, "fp16": 11, "bf16": 11}
+VA_AT = {"fp32": 5, "fp16": 6, "bf16": 6}
+SPLIT_AT = 9
+
+
+def named(args) -> dict:
+    """A matmul kernel launch's arguments by parameter name."""
+    assert len(args) == len(KERNEL_PARAMS)
+    return dict(zip((name for name, _ in KERNEL_PARAMS), args))
+
+
+def fused_flags(variant) -> tuple[int, str]:
+    """(A_ROWS, the EPI name) of a matmul kernel variant: its last two template arguments."""
+    return variant.targs[-2], {code: name for name, code in rt.EPI_CODE.items()}[variant.targs[-1]]
 
 
 @pytest.fixture
@@ -84,7 +104,7 @@ def launches(fake_gpu, monkeypatch):
     real = rt.launch
 
     def launch(variant, device, grid, block, args, smem=0, *, for_):
-        seen.append((variant, tuple(grid), tuple(block), tuple(int(a) for a in args), smem))
+        seen.append((variant, tuple(grid), tuple(block), tuple(a.item() for a in args), smem))
         return real(variant, device, grid, block, args, smem, for_=for_)
 
     monkeypatch.setattr(rt, "launch", launch)
@@ -121,22 +141,22 @@ def test_splitk_launch(launches, rng, dtype, config, m, n, k, layout, threads, s
     a = torch.randn((k, m) if trans_a else (m, k), generator=rng).to(dt)
     b = torch.randn((n, k) if trans_b else (k, n), generator=rng).to(dt)
     tiles = -(-m // config["BLOCK_M"]) * -(-n // config["BLOCK_N"])
-    split_at = 9  # SPLIT_K's place among both kernels' template arguments
     for split, launched in ((1, 1), (config["SPLIT_K"], slices)):
         kc.matmul(a, b, trans_a=trans_a, trans_b=trans_b, bias=torch.randn(n, generator=rng).to(dt),
                   activation="relu", config={**config, "SPLIT_K": split})
         variant, grid, block, args, _ = launches[-1]
+        args = named(args)
         plain = launched == 1
-        assert variant.targs[split_at] == (1 if plain else split)
+        assert variant.targs[SPLIT_AT] == (1 if plain else split)
         assert grid == (tiles, launched, 1) and block == (threads, 1, 1)
-        k_slice = args[-1]
+        k_slice = args["k_slice"]
         assert k_slice % config["BLOCK_K"] == 0 and (launched - 1) * k_slice < k <= launched * k_slice
         partials, counters = splitk_workspace(a.device, 0, 0)  # as the call left it
         if plain:
-            assert args[-3:-1] == (0, 0) and partials.numel() == 0 and counters.numel() == 0
+            assert (args["partials"], args["counters"]) == (0, 0) and partials.numel() == 0 and counters.numel() == 0
         else:
             assert k_slice == -(-k // (split * config["BLOCK_K"])) * config["BLOCK_K"]
-            assert args[-3:-1] == (partials.data_ptr(), counters.data_ptr())
+            assert (args["partials"], args["counters"]) == (partials.data_ptr(), counters.data_ptr())
             assert partials.dtype == torch.float32 and counters.dtype == torch.int32
             assert partials.numel() == tiles * launched * config["BLOCK_M"] * config["BLOCK_N"]
             assert counters.numel() == tiles and not counters.any()
@@ -152,6 +172,230 @@ def test_tc_warp_grid_reaches_the_kernel(launches, rng):
         kc.matmul(a, b, config=cfg)
         variant, _, block, _, _ = launches[-1]
         assert variant.targs[3:5] == grid and block == (32 * cfg["num_warps"], 1, 1)
+
+
+# ----------------------------------------------------------------------------- fused paths
+
+def _signature(source: str, kernel: str) -> list[tuple[str, str]]:
+    """(kind, name) of each parameter of `kernel` in kernels_cuda/`source` with common.cuh's
+    FUSED_PARAMS expanded; kind is "ptr" for a pointer, else the scalar type."""
+    text = rt.source(source)
+    body = re.search(r"#define FUSED_PARAMS\(T\)((?:.*\\\n)*.*)", text).group(1).replace("\\\n", " ")
+    params, dtype = re.search(rf"^{kernel}\((.*?)FUSED_PARAMS\((\w+)\)\)", text, re.MULTILINE | re.DOTALL).groups()
+    decls = [d.strip() for d in (params + body.replace("T ", dtype + " ")).split(",") if d.strip()]
+    out = []
+    for d in decls:
+        name = re.search(r"(\w+)$", d).group(1)
+        out.append(("ptr" if "*" in d else d[: -len(name)].split()[-1], name))
+    return out
+
+
+@pytest.mark.parametrize("source,kernel", [("matmul_simt.cu", "matmul_simt_kernel"), ("matmul_tc.cu", "matmul_tc_kernel")])
+def test_kernel_params_are_the_kernels(source, kernel):
+    """A launch passes KERNEL_PARAMS by position: the kernels must declare the same names in the
+    same order with the same kinds, or one argument would be read as another on the GPU."""
+    kinds = {rt.ptr: "ptr", rt.i32: "int", rt.i64: "i64", rt.f32: "float"}
+    assert _signature(source, kernel) == [(kinds[conv], name) for name, conv in KERNEL_PARAMS]
+
+
+def test_kernel_args_refuse_unknown_names():
+    from kernels_cuda.matmul import kernel_args, operands
+
+    x = torch.ones(3, 4)
+    with pytest.raises(TypeError, match="labelz"):
+        kernel_args(operands(x, x.t(), False, False), labelz=x)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("trans_a", (False, True))
+def test_matmul_a_rows_launch(launches, rng, dtype, trans_a):
+    """a_rows: the kernel reads the stored rows of a (not a gathered copy) at a's row stride,
+    k contiguous when the batch is gathered along M, m contiguous when gathered along K, with
+    the index vector and the stored row count (indices outside it read zeros); vector loads
+    narrow to what the rows' offset allows. A view whose rows are not unit-stride is copied."""
+    dt = DTYPES[dtype]
+    data = torch.randn(50, 40, generator=rng).to(dt)
+    stored = data[:, 3:27]  # rows of 24 at a stride of 40, 3 elements into the allocation
+    rows = torch.tensor([3, 49, 0, -1, 50, 7, 7])
+    m, k = (24, 7) if trans_a else (7, 24)
+    kc.matmul(stored, torch.randn(k, 9, generator=rng).to(dt), trans_a=trans_a, a_rows=rows)
+    variant, grid, _, args, _ = launches[-1]
+    args = named(args)
+    assert fused_flags(variant) == (1, "plain") and variant.targs[A_KC_AT[dtype]] == int(not trans_a)
+    assert (args["A"], args["lda"], args["a_rows"], args["rows_of_a"]) == (stored.data_ptr(), 40, rows.data_ptr(), 50)
+    assert (args["M"], args["N"], args["K"]) == (m, 9, k) and args["relu_y"] == 0
+    assert variant.targs[VA_AT[dtype]] == 1  # 12 (fp32) or 6 (fp16/bf16) bytes into the allocation
+    cfg = kc.space("matmul", dtype).default_for(90)
+    assert grid == (cdiv(m, cfg["BLOCK_M"]) * cdiv(9, cfg["BLOCK_N"]), 1, 1)
+
+    strided = data[:, ::2]  # rows of 20 at a column stride of 2: copied once
+    k = 7 if trans_a else 20
+    kc.matmul(strided, torch.randn(k, 9, generator=rng).to(dt), trans_a=trans_a, a_rows=rows)
+    variant, _, _, args, _ = launches[-1]
+    args = named(args)
+    assert args["A"] != data.data_ptr() and (args["lda"], args["rows_of_a"]) == (20, 50)
+    assert variant.targs[VA_AT[dtype]] == 4  # 20-element rows of a fresh allocation: 4 elements divide them
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_matmul_relu_grad_of_launch(launches, rng, dtype):
+    """relu_grad_of: the relu_grad epilogue, without bias or ReLU flags, reading y with ld = N (a
+    column-major y is copied once); a K of 0 writes zeros and launches nothing."""
+    dt = DTYPES[dtype]
+    dy = torch.randn(13, 20, generator=rng).to(dt)
+    w = torch.randn(9, 20, generator=rng).to(dt)  # dy @ w^T: b k-contiguous
+    y = torch.randn(9, 13, generator=rng).to(dt).t()
+    kc.matmul(dy, w, trans_b=True, relu_grad_of=y)
+    variant, _, _, args, _ = launches[-1]
+    at = A_KC_AT[dtype]
+    assert fused_flags(variant) == (0, "relu_grad") and variant.targs[at + 1: at + 4] == (1, 0, 0)
+    assert named(args)["relu_y"] not in (0, y.data_ptr())
+    y = y.contiguous()
+    kc.matmul(dy, w, trans_b=True, relu_grad_of=y)
+    assert named(launches[-1][3])["relu_y"] == y.data_ptr() and len(launches) == 2
+    out = kc.matmul(dy[:, :0], w[:, :0], trans_b=True, relu_grad_of=y)
+    assert len(launches) == 2 and out.shape == (13, 9) and not out.any()
+
+
+def _small(dtype: str, cfg: dict) -> dict:
+    return {**cfg, **({"THREAD_M": 4, "THREAD_N": 4} if dtype == "fp32" else {})}
+
+
+# (dtype, config, m, n, k, slices with work, bias, label_rows): K = 300 in 8 slices of 48 is 7
+# with work; K = 64 in 4 of 32 is 2; K = 50 in 16 of 64 is 1, the plain kernel.
+XENT_LAUNCHES = [
+    ("fp32", {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 8}, 70, 10, 300, 7, True, True),
+    ("fp16", {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1}, 33, 16, 100, 1, False, False),
+    ("bf16", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "SPLIT_K": 4}, 129, 50, 64, 2, True, False),
+    ("fp16", {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 1, "SPLIT_K": 16}, 40, 10, 50, 1, True, True),
+]
+
+
+@pytest.mark.parametrize("dtype,config,m,n,k,slices,with_bias,with_rows", XENT_LAUNCHES,
+                         ids=[f"{c[0]}-split{c[1].get('SPLIT_K', 1)}-{c[5]}" for c in XENT_LAUNCHES])
+def test_linear_cross_entropy_launch(launches, rng, dtype, config, m, n, k, slices, with_bias, with_rows):
+    """One launch of row tiles x slices with work, the xent epilogue, and the scratch layout both
+    twins use from one splitk_workspace call: split-K's partial tiles (only when K is split),
+    then one fp32 loss slot per row tile; the tiles' counters, then the loss's counter, all zero."""
+    from kernels_core.workspace import splitk_workspace
+
+    dt = DTYPES[dtype]
+    cfg = kc.space("linear_cross_entropy", dtype).resolve(_small(dtype, config), dt.itemsize)
+    x, w = torch.randn(m, k, generator=rng).to(dt), torch.randn(k, n, generator=rng).to(dt)
+    bias = torch.randn(n, generator=rng).to(dt) if with_bias else None
+    labels = torch.randint(0, n, (m + 5,) if with_rows else (m,), generator=rng)
+    label_rows = torch.randint(-2, m + 7, (m,), generator=rng) if with_rows else None
+    out_grad = torch.empty(m, n, dtype=dt)
+    loss, grad = kc.linear_cross_entropy(x, w, labels, bias=bias, label_rows=label_rows, out_grad=out_grad,
+                                         config=cfg)
+    assert grad is out_grad and loss.shape == () and loss.dtype == torch.float32
+    (variant, grid, block, args, smem), = launches
+    args = named(args)
+    tiles = cdiv(m, cfg["BLOCK_M"])
+    assert grid == (tiles, slices, 1) and block == (kc.space("matmul", dtype).cost(cfg, dt.itemsize)["threads"], 1, 1)
+    assert fused_flags(variant) == (0, "xent") and variant.targs[SPLIT_AT] == (cfg["SPLIT_K"] if slices > 1 else 1)
+    assert variant.targs[A_KC_AT[dtype] + 2: A_KC_AT[dtype] + 4] == (int(with_bias), 0)
+    partials, counters = splitk_workspace(x.device, 0, 0)  # as the call left it
+    partial_elems = tiles * slices * cfg["BLOCK_M"] * cfg["BLOCK_N"] if slices > 1 else 0
+    assert partials.numel() == partial_elems + tiles and counters.numel() == tiles + 1 and not counters.any()
+    assert args["loss_slots"] == partials.data_ptr() + 4 * partial_elems
+    assert args["loss_counter"] == counters.data_ptr() + 4 * tiles
+    split = (partials.data_ptr(), counters.data_ptr()) if slices > 1 else (0, 0)
+    assert (args["partials"], args["counters"]) == split
+    assert (args["A"], args["B"], args["bias"], args["C"]) == (
+        x.data_ptr(), w.data_ptr(), bias.data_ptr() if with_bias else 0, out_grad.data_ptr())
+    assert (args["M"], args["N"], args["K"]) == (m, n, k)
+    assert (args["labels"], args["label_rows"], args["n_labels"]) == (
+        labels.data_ptr(), label_rows.data_ptr() if with_rows else 0, labels.shape[0])
+    assert (args["loss"], args["flag"]) == (loss.data_ptr(), label_flag(x.device).data_ptr())
+    assert smem == kc.space("matmul", dtype).cost(cfg, dt.itemsize)["smem_bytes"]
+    assert kc.resource_report("linear_cross_entropy", dtype, cfg) is not None
+
+
+def test_linear_cross_entropy_refusals_and_empty_batch(launches, rng):
+    """A tile narrower than the row is refused, naming config, before anything is launched; so is
+    split-K's config rule; M = 0 is torch's mean over nothing (NaN) with nothing launched; a
+    strided out_grad gets the kernel's contiguous rows by one copy."""
+    x, w, labels = torch.randn(5, 8, generator=rng), torch.randn(8, 17, generator=rng), torch.zeros(5, dtype=torch.int64)
+    small = {"BLOCK_M": 32, "BLOCK_N": 16, "THREAD_M": 4, "THREAD_N": 4}
+    with pytest.raises(ValueError, match=r"config: .*BLOCK_N >= N = 17"):
+        kc.linear_cross_entropy(x, w, labels, config=small)
+    with pytest.raises(ValueError, match="config: restriction.*split-K"):
+        kc.linear_cross_entropy(x, w, labels, config={"SPLIT_K": 2, "GROUP_M": 1})
+    loss, grad = kc.linear_cross_entropy(x[:0], w, labels[:0])
+    assert loss.isnan() and grad.shape == (0, 17) and not launches
+    out_grad = torch.empty(17, 5).t()
+    _, grad = kc.linear_cross_entropy(x, w, labels, out_grad=out_grad)
+    assert grad is out_grad and named(launches[-1][3])["C"] != out_grad.data_ptr()
+
+
+# (dtype, config, batch, K_in, N_out, x_rows, momentum): an empty batch still launches (gw = 0,
+# the rule still applies); a layer with no inputs still gets one tile row, for its bias.
+SGD_LAUNCHES = [
+    ("fp32", {"BLOCK_M": 32, "BLOCK_N": 16}, 7, 70, 33, True, 0.9),
+    ("fp16", {}, 128, 200, 10, False, 0.0),
+    ("bf16", {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, 0, 65, 130, True, 0.9),
+    ("fp32", {}, 5, 0, 9, False, 0.5),
+]
+
+
+@pytest.mark.parametrize("dtype,config,batch,k_in,n_out,with_rows,momentum", SGD_LAUNCHES,
+                         ids=[f"{c[0]}-B{c[2]}-K{c[3]}-N{c[4]}" for c in SGD_LAUNCHES])
+def test_linear_sgd_launch(launches, rng, dtype, config, batch, k_in, n_out, with_rows, momentum):
+    """The "tn" GEMM x^T @ dy (x m-contiguous, dy n-contiguous) in one launch of the sgd epilogue,
+    never split, M = K_in, N = N_out, K = the batch; the parameters, their low copies, and the
+    buffers only with momentum (the kernel branches on them, as sgd_update's MOMENTUM flag)."""
+    dt = DTYPES[dtype]
+    cfg = kc.space("linear_sgd", dtype).resolve(_small(dtype, config) if config else None, dt.itemsize)
+    x = torch.randn(60 if with_rows else batch, k_in, generator=rng).to(dt)
+    x_rows = torch.randint(-3, 63, (batch,), generator=rng) if with_rows else None
+    dy = torch.randn(batch, n_out, generator=rng).to(dt)
+    w, w_buf = torch.randn(k_in, n_out, generator=rng), torch.randn(k_in, n_out, generator=rng)
+    bias, b_buf = torch.randn(n_out, generator=rng), torch.randn(n_out, generator=rng)
+    w_low, b_low = torch.empty(k_in, n_out, dtype=dt), torch.empty(n_out, dtype=dt)
+    for m in (momentum, 0.0):
+        assert kc.linear_sgd(x, dy, w, bias, w_buf, b_buf, lr=0.1, momentum=m, weight_decay=1e-2, x_rows=x_rows,
+                             w_low=w_low, b_low=b_low, config=cfg) is None
+        variant, grid, block, args, _ = launches[-1]
+        args = named(args)
+        assert grid == (cdiv(max(k_in, 1), cfg["BLOCK_M"]) * cdiv(n_out, cfg["BLOCK_N"]), 1, 1)
+        at = A_KC_AT[dtype]
+        assert variant.targs[SPLIT_AT] == 1 and variant.targs[at + 1: at + 4] == (0, 0, 0)
+        assert fused_flags(variant) == (int(with_rows), "sgd")
+        assert (args["A"], args["B"], args["M"], args["N"], args["K"]) == (
+            x.data_ptr(), dy.data_ptr(), k_in, n_out, batch)
+        if k_in:  # (an x of no columns has no layout to speak of: no element of it is read)
+            assert variant.targs[at] == 0 and (args["lda"], args["ldb"]) == (k_in, n_out)
+        assert (args["a_rows"], args["rows_of_a"]) == ((x_rows.data_ptr(), 60) if with_rows else (0, 0))
+        assert (args["w"], args["w_low"], args["b"], args["b_low"]) == (
+            w.data_ptr(), w_low.data_ptr(), bias.data_ptr(), b_low.data_ptr())
+        bufs = (w_buf.data_ptr(), b_buf.data_ptr()) if m else (0, 0)
+        assert (args["w_buf"], args["b_buf"]) == bufs
+        assert (args["lr"], args["momentum"], args["weight_decay"]) == pytest.approx((0.1, m, 1e-2), rel=1e-7)
+        assert args["C"] == args["bias"] == args["partials"] == args["loss"] == 0
+    assert kc.resource_report("linear_sgd", dtype, cfg) is not None
+
+
+def test_linear_sgd_refusals(launches, rng):
+    """Split-K is outside linear_sgd's space (refused naming config); a layer of no outputs has
+    nothing to update and launches nothing."""
+    x, dy = torch.randn(4, 6, generator=rng), torch.randn(4, 5, generator=rng)
+    w, bias = torch.zeros(6, 5), torch.zeros(5)
+    with pytest.raises(ValueError, match="config: SPLIT_K=2 is outside"):
+        kc.linear_sgd(x, dy, w, bias, None, None, lr=0.1, config={"SPLIT_K": 2})
+    kc.linear_sgd(x, dy[:, :0], w[:, :0], bias[:0], None, None, lr=0.1)
+    assert not launches
+
+
+def test_fused_ops_refuse_bf16_before_sm80(fake_gpu, monkeypatch, rng):
+    monkeypatch.setattr(rt, "device_props", lambda i: (75, 65536))
+    x = torch.randn(4, 6, generator=rng).bfloat16()
+    with pytest.raises(ValueError, match="x: bf16 .*sm_80"):
+        kc.linear_cross_entropy(x, torch.randn(6, 3).bfloat16(), torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="x: bf16 .*sm_80"):
+        kc.linear_sgd(x, x[:, :3], torch.zeros(6, 3), torch.zeros(3), None, None, lr=0.1)
+    with pytest.raises(ValueError, match="a: bf16 .*sm_80"):
+        kc.matmul(x, x.t(), a_rows=torch.zeros(2, dtype=torch.int64))
 
 
 # ----------------------------------------------------------------------------- on the GPU
@@ -192,3 +436,124 @@ def test_splitk_with_fp16_accumulation(rng, split_k):
     first = kc.matmul(a, b, bias=bias, activation="relu", config=cfg, accumulate="fp16")
     assert all(torch.equal(kc.matmul(a, b, bias=bias, activation="relu", config=cfg, accumulate="fp16"), first)
                for _ in range(10))
+
+
+def _fitting(sp, elt, keep):
+    """The space's configs for this GPU (arch, shared memory) that `keep` accepts."""
+    from tests.test_ops import fits_here, local_arch
+
+    return [c for c in sp.configs(elt, local_arch("cuda")) if keep(c) and fits_here(sp, c, elt, "cuda")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_linear_cross_entropy_epilogue_across_the_space(rng, dtype):
+    """linear_cross_entropy over a sample of its space (split-K or not, 300 rows in many row
+    tiles, a K no slice divides, label_rows with entries outside labels): loss and dlogits
+    against float64 softmax cross-entropy of the logits matmul stores with the same config. Its
+    accumulation is the fused kernel's (same tiles, slices, order and bias add), so the logits
+    are the same bits and what is left is the epilogue's fp32 arithmetic. Per row, with
+    u = 2**-24: s = sum exp(z - max) within (N + 3) u (expf within 2 ulp, N - 1 sums), so
+    log s within that plus logf's ulp, and the row's three terms |max|, |log s|, |z_label| each
+    rounded once more: (N + 8) u (1 + those terms) covers it; the mean adds M roundings of the
+    rows' sum. dlogits: softmax within (N + 10) u of itself plus u (an exp of a rounded
+    difference, the sum, the reciprocal; p |z - max| <= 1/e), - onehot and / M one rounding
+    each, then the dtype's rounding (its unit roundoff of the value, or half its smallest
+    subnormal). A wrong row, label or tile sum is off by orders more. The loss is the same
+    bits on every call."""
+    import random
+
+    from kernels_core.reference import exact
+    from tests.test_ops import randn
+
+    elt = DTYPES[dtype].itemsize
+    m, n, k, u = 300, 10, 1013, 2.0**-24
+    sp = kc.space("linear_cross_entropy", dtype)
+    pick = random.Random(f"xent-{dtype}")
+    configs = (pick.sample(_fitting(sp, elt, lambda c: c["SPLIT_K"] > 1 and c["BLOCK_N"] >= n), 6)
+               + pick.sample(_fitting(sp, elt, lambda c: c["SPLIT_K"] == 1 and c["BLOCK_N"] >= n), 3))
+    x, w = randn(rng, (m, k), dtype, "cuda"), randn(rng, (k, n), dtype, "cuda", scale=k ** -0.5 * 3)
+    bias = randn(rng, (n,), dtype, "cuda")
+    labels = torch.randint(0, n, (m + 50,), generator=rng).cuda()
+    label_rows = torch.randint(-3, m + 53, (m,), generator=rng).cuda()
+    inside = (label_rows >= 0) & (label_rows < m + 50)
+    picked = torch.where(inside, labels[label_rows.clamp(0, m + 49)], torch.zeros_like(label_rows))
+    unit = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}[dtype]
+    tiny = {"fp32": 2.0**-150, "fp16": 2.0**-25, "bf16": 2.0**-134}[dtype]
+    for cfg in configs:
+        loss, grad = kc.linear_cross_entropy(x, w, labels, bias=bias, label_rows=label_rows, config=cfg)
+        z = kc.matmul(x, w, bias=bias, config=cfg).double()
+        ref_loss, ref_grad = exact.softmax_cross_entropy(z, picked)
+        terms = z.max(1).values.abs() + torch.logsumexp(z, 1).abs() + z.gather(1, picked[:, None])[:, 0].abs()
+        row_bound = (n + 8) * u * (1 + terms.max().item())
+        bound = row_bound + m * u * (ref_loss.abs().item() + row_bound)
+        assert abs(loss.item() - ref_loss.item()) <= bound, (cfg, loss.item(), ref_loss.item(), bound)
+        grad_bound = unit * ref_grad.abs() + tiny + (n + 10) * u * (torch.softmax(z, 1) + 1) / m
+        excess = ((grad.double() - ref_grad).abs() - grad_bound).max().item()
+        assert excess <= 0, (cfg, excess)
+        for _ in range(3):
+            again, again_grad = kc.linear_cross_entropy(x, w, labels, bias=bias, label_rows=label_rows, config=cfg)
+            assert torch.equal(again, loss) and torch.equal(again_grad, grad), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("trans_a", (False, True))
+def test_a_rows_with_splitk(rng, dtype, trans_a):
+    """Gathered rows under split-K: along K each slice starts k_slice entries into the index
+    vector (enter_slice), along M every slice gathers the same rows; indices outside the stored
+    rows read zeros. Against float64 within matmul's tolerance: a slice that gathered the wrong
+    rows is off by O(1)."""
+    import random
+
+    from kernels_core.reference import exact
+    from tests.test_ops import assert_rel, matmul_tol, randn
+
+    elt = DTYPES[dtype].itemsize
+    data = randn(rng, (500, 1000 if not trans_a else 96), dtype, "cuda")
+    rows = torch.randint(-5, 505, (96 if not trans_a else 1000,), generator=rng).cuda()
+    k = 1000
+    b = randn(rng, (k, 40), dtype, "cuda")
+    sp = kc.space("matmul", dtype)
+    for cfg in random.Random(f"rows-{dtype}-{trans_a}").sample(_fitting(sp, elt, lambda c: c["SPLIT_K"] > 1), 4):
+        out = kc.matmul(data, b, trans_a=trans_a, a_rows=rows, config=cfg)
+        assert_rel(out, exact.matmul(data, b, trans_a=trans_a, a_rows=rows), matmul_tol(dtype, k), str(cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_out", (33, 64))
+@pytest.mark.parametrize("layout", ("contiguous", "offset1"))
+def test_linear_sgd_weights_are_sgd_updates_bits(rng, n_out, layout):
+    """fp32: the weights and their buffer after linear_sgd are bit for bit sgd_update's from the
+    gw matmul computes with the same config (the same accumulation; the rule written with the
+    same expressions, so the same fused multiply-adds), whether the epilogue moves whole vectors
+    (N_out = 64, aligned) or single elements (N_out odd, or the params one element into their
+    allocation); w_low is w. The bias (column sums in k order, where bias_grad sums another
+    way) is within what its fp32 sum can be off, B u sum |dy|, carried through the rule (times
+    lr into the bias, once into its buffer), plus the rule's own 6 u of its terms."""
+    from kernels_core.reference import exact
+    from tests.test_ops import laid_out, randn
+
+    batch, k_in, lr, momentum, wd, u = 77, 150, 0.05, 0.9, 1e-2, 2.0**-24
+    data = randn(rng, (300, k_in), "fp32", "cuda")
+    x_rows = torch.randint(-2, 302, (batch,), generator=rng).cuda()
+    dy = randn(rng, (batch, n_out), "fp32", "cuda")
+    params = [laid_out(randn(rng, shape, "fp32", "cuda"), layout) for shape in [(k_in, n_out)] * 2 + [(n_out,)] * 2]
+    w, w_buf, bias, b_buf = params
+    start = [p.clone() for p in params]
+    w_low, b_low = laid_out(torch.empty(k_in, n_out, device="cuda"), layout), torch.empty(n_out, device="cuda")
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "THREAD_M": 4, "THREAD_N": 4, "SPLIT_K": 1}
+    kc.linear_sgd(data, dy, w, bias, w_buf, b_buf, lr=lr, momentum=momentum, weight_decay=wd, x_rows=x_rows,
+                  w_low=w_low, b_low=b_low, config=cfg)
+    ref_w, ref_buf = start[0].clone(), start[1].clone()
+    kc.sgd_update([ref_w], [kc.matmul(data, dy, trans_a=True, a_rows=x_rows, config=cfg)], [ref_buf], lr=lr,
+                  momentum=momentum, weight_decay=wd)
+    assert torch.equal(w, ref_w) and torch.equal(w_buf, ref_buf) and torch.equal(w_low, w)
+    gb = dy.double().sum(0)
+    (ref_b,), (ref_bb,) = exact.sgd_update([start[2]], [gb], [start[3]], lr=lr, momentum=momentum, weight_decay=wd)
+    (mag_b,), (mag_bb,) = exact.sgd_update([start[2].abs()], [gb.abs()], [start[3].abs()], lr=-lr,
+                                           momentum=momentum, weight_decay=wd)
+    sum_err = batch * u * dy.double().abs().sum(0)
+    assert ((bias.double() - ref_b).abs() <= 6 * u * mag_b + lr * sum_err).all()
+    assert ((b_buf.double() - ref_bb).abs() <= 6 * u * mag_bb + sum_err).all()
+    assert torch.equal(b_low, bias)
