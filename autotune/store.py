@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping
 
 from kernels_core import backends
 from autotune.targets import TARGETS, Target
-from autotune.workload import LAYOUTS, OP_RANK, shape_key
+from autotune.workload import FUSED_LAYOUT, LAYOUTS, OP_RANK, shape_key
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
 
@@ -171,7 +171,10 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
         return str(exc)
     if len(dims) != OP_RANK[op]:
         return f"shape {shape!r}: {op} shapes have {OP_RANK[op]} dimension(s)"
-    if (layout not in LAYOUTS) if op == "matmul" else layout:
+    if op in FUSED_LAYOUT:
+        if layout != FUSED_LAYOUT[op]:
+            return f"shape {shape!r}: {op}'s GEMM has layout {FUSED_LAYOUT[op]!r}"
+    elif (layout not in LAYOUTS) if op == "matmul" else layout:
         return f"shape {shape!r}: layout must be one of {LAYOUTS} for matmul, absent otherwise"
     for name, kind in OPTIONAL.items():
         value = entry.get(name)

@@ -218,6 +218,19 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 15) == 0);
     const SgdArgs<float> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
     const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, 4>(w, sgd, N);
+    if constexpr (EPI == EPI_SGD) {  // the lines the loop below reads, all in flight at once (common.cuh)
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
+#pragma unroll
+            for (int g = 0; g < TN / 4; ++g) {
+                const int n = n0 + g * 4 * RN + tx * 4;
+                if (m >= M || n >= N) continue;
+                prefetch_l1(w + (i64)m * N + n);
+                if (w_buf) prefetch_l1(w_buf + (i64)m * N + n);
+            }
+        }
+    }
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;

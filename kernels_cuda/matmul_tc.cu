@@ -364,6 +364,22 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
     const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
     const int g = lane / 4, t = lane % 4;
+    if constexpr (EPI == EPI_SGD) {  // the lines the loop below reads, all in flight at once (common.cuh)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int n = n0 + wn * WN + j * 8 + 2 * t;
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int m = m0 + wm * WM + i * 16 + g + 8 * h;
+                    if (m >= M || n >= N) continue;
+                    prefetch_l1(w + (i64)m * N + n);
+                    if (w_buf) prefetch_l1(w_buf + (i64)m * N + n);
+                }
+            }
+        }
+    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const int n = n0 + wn * WN + j * 8 + 2 * t;
