@@ -315,6 +315,7 @@ FUSED_VARIANTS = (
 
 
 @needs_nvcc
+@pytest.mark.slow  # about two minutes of nvcc; each op's representative variant is in test_space_sample_compiles
 @pytest.mark.parametrize("dtype,arch", SPLITK_CASES, ids=[f"{d}-sm{a}" for d, a in SPLITK_CASES])
 def test_fused_paths_build_without_spills(dtype, arch):
     """Every fused path on the arch's default config builds without spilling: a gathered load or
