@@ -34,6 +34,9 @@ whole training step can be captured in a CUDA graph):
         as matmul would store them) never reach memory, so one tile must hold
         a whole row (config BLOCK_N >= N). loss is deterministic: the same
         bits on every run. Labels outside [0, N) as in softmax_cross_entropy.
+        It always uses the split-K scratch (its loss slots live there), so
+        its calls must be ordered as split-K matmul calls are, and the first
+        call on a device comes before any CUDA graph capture.
     linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0,
                weight_decay=0.0, x_rows=None, w_low=None, b_low=None,
                config=None) -> None
