@@ -175,6 +175,8 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
         params = [randn(s[0], dtype=torch.float32)]
         bufs = [randn(s[0], dtype=torch.float32)]
         return OpInputs((params, [randn(s[0])], bufs), dict(SGD_HYPER))
+    # The fused ops are timed on plain operands: the trainer's first layer also gathers rows
+    # (label_rows, x_rows) and in fp16/bf16 writes the low copies, variants of the same GEMM.
     if op == "linear_cross_entropy":
         m, n, k = s
         labels = torch.randint(0, n, (m,), generator=generator, device=device)

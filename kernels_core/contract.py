@@ -33,15 +33,18 @@ whole training step can be captured in a CUDA graph):
         in one kernel: the logits (x [M, K] @ w [K, N], rounded to x's dtype
         as matmul would store them) never reach memory, so one tile must hold
         a whole row (config BLOCK_N >= N). loss is deterministic: the same
-        bits on every run. Labels outside [0, N) as in softmax_cross_entropy.
-        It always uses the split-K scratch (its loss slots live there), so
-        its calls must be ordered as split-K matmul calls are, and the first
-        call on a device comes before any CUDA graph capture.
+        bits on every run. Labels outside [0, N) as in softmax_cross_entropy;
+        a label_rows entry outside [0, len(labels)) reads label 0 (as a_rows
+        reads a row of zeros). It always uses the split-K scratch (its loss
+        slots live there), so its calls must be ordered as split-K matmul
+        calls are, and a call needing more scratch than earlier ones (the
+        first on a device, or a new shape) comes before any graph capture.
     linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0,
                weight_decay=0.0, x_rows=None, w_low=None, b_low=None,
                config=None) -> None
         One linear layer's SGD step from its batch, in one kernel: the
-        gradients gw = x[x_rows]^T @ dy (x [B, K_in], dy [B, N_out], fp32
+        gradients gw = x[x_rows]^T @ dy (x [B, K_in], or [R, K_in] with
+        x_rows of length B; dy [B, N_out]; fp32
         accumulation, never stored) and gb = column sums of dy (fp32), then
         sgd_update's rule on w [K_in, N_out] and bias [N_out] (float32, in
         place) with buffers w_buf, b_buf (float32, None when momentum == 0).
@@ -225,6 +228,11 @@ def matmul_args(a, b, bias, activation, trans_a: bool, trans_b: bool, accumulate
 
 def linear_cross_entropy_args(x, w, labels, bias, label_rows) -> tuple[int, int, int]:
     """M, N, K of the logits x @ w; every argument checked."""
+    check_tensor("x", x, ndim=2, dtypes=FLOATS)
+    check_tensor("w", w, ndim=2, dtypes=FLOATS, device=x.device)
+    check_same_dtype(x=x, w=w)
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"w: {w.shape[0]} rows, expected {x.shape[1]} to match x {tuple(x.shape)}")
     m, n, k = matmul_args(x, w, bias, None, False, False, "fp32")
     check_tensor("labels", labels, ndim=1, dtypes=(torch.int64,), device=x.device)
     rows = check_rows("label_rows", label_rows, x.device) if label_rows is not None else labels.shape[0]
@@ -324,14 +332,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def label_flag(device: torch.device) -> torch.Tensor:
+def label_flag(device: torch.device, what: str = "softmax_cross_entropy") -> torch.Tensor:
     """int64 [3] on `device`: zeros, or (1, a label, N) once softmax_cross_entropy
     met a label outside [0, N) there (rows racing to write it all write a bad
     label and the same N). Allocated on the first call and never freed, so a
     CUDA graph that captured a write to it keeps a valid pointer."""
     key = device_key(device)
     if key not in _label_flags:
-        refuse_zeroed_allocation_in_capture(device, "softmax_cross_entropy")
+        refuse_zeroed_allocation_in_capture(device, what)
         _label_flags[key] = torch.zeros(3, dtype=torch.int64, device=device)
     return _label_flags[key]
 

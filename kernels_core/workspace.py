@@ -41,14 +41,15 @@ def _grown(current: torch.Tensor | None, need: int, make) -> torch.Tensor:
     return make(max(need, 2 * (current.numel() if current is not None else 0)))
 
 
-def splitk_workspace(device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+def splitk_workspace(device: torch.device, partial_elems: int, tiles: int, *,
+                     what: str = "a split-K matmul") -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 partials of at least `partial_elems`, int32 counters of at least `tiles`, the counters
-    zero). Growing them inside a CUDA graph capture is refused: the counters' zeroing would be
-    recorded, not run."""
+    zero). Growing them inside a CUDA graph capture is refused, naming `what` asked: the counters'
+    zeroing would be recorded, not run."""
     key = device_key(device)
     partials, counters = _live.get(key, (None, None))
     if (partials is None or partials.numel() < partial_elems) or (counters is None or counters.numel() < tiles):
-        refuse_zeroed_allocation_in_capture(device, "a split-K matmul")
+        refuse_zeroed_allocation_in_capture(device, what)
     partials = _grown(partials, partial_elems, lambda n: torch.empty(n, dtype=torch.float32, device=device))
     counters = _grown(counters, tiles, lambda n: torch.zeros(n, dtype=torch.int32, device=device))
     _live[key] = (partials, counters)

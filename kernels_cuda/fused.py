@@ -77,7 +77,8 @@ def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None, out_grad=N
     grid = mm.split(cfg, M, N, K)
     kernel = mm.variant(dtype, arch, grid.cfg, ops, has_bias=bias is not None, epi="xent")
     partial_elems = grid.partial_elems()
-    partials, counters = splitk_workspace(x.device, partial_elems + grid.tiles, grid.tiles + 1)
+    partials, counters = splitk_workspace(x.device, partial_elems + grid.tiles, grid.tiles + 1,
+                                          what="linear_cross_entropy")
     splits = grid.slices > 1  # SPLIT_K == 1 compiles no access to the partials and tile counters
     loss = torch.empty((), dtype=torch.float32, device=x.device)  # the last row tile writes it
     # The kernel writes rows of N contiguous values; a strided view gets them by one copy.
@@ -88,7 +89,7 @@ def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None, out_grad=N
                              partials=partials if splits else None, counters=counters if splits else None,
                              k_slice=grid.k_slice, labels=labels.contiguous(),
                              label_rows=None if label_rows is None else label_rows.contiguous(),
-                             n_labels=labels.shape[0], loss=loss, flag=label_flag(x.device),
+                             n_labels=labels.shape[0], loss=loss, flag=label_flag(x.device, "linear_cross_entropy"),
                              loss_slots=partials[partial_elems:], loss_counter=counters[grid.tiles:]),
               smem, for_=rt.tag("linear_cross_entropy", dtype, cfg))
     if grad is not out_grad:

@@ -110,7 +110,7 @@ def plan_linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None, out_g
     p = kernel_plan(
         "linear_cross_entropy", dtype, cfg, x, w, out_grad, M, N, K, bias=bias, epilogue=CROSS_ENTROPY,
         labels_ptr=labels, label_rows_ptr=label_rows if label_rows is not None else labels,
-        flag_ptr=contract.label_flag(x.device), loss_ptr=loss, LABELS=labels.shape[0],
+        flag_ptr=contract.label_flag(x.device, "linear_cross_entropy"), loss_ptr=loss, LABELS=labels.shape[0],
         stride_label=labels.stride(0), inv_m=1.0 / M, rows_f=float(M), LABEL_ROWS=label_rows is not None,
     )
     return loss, out_grad, p

@@ -371,12 +371,14 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
     partial_elems = tiles * split_k * cfg["BLOCK_M"] * cfg["BLOCK_N"] if split_k > 1 else 0
     loss_slots = row_tiles if epilogue == CROSS_ENTROPY else 0
     if partial_elems + loss_slots > _MAX_I32:
-        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']} needs {partial_elems} partial sums for a {M}x{N} "
-                         "output, more than 2**31; the kernel uses 32-bit offsets")
+        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']} needs {partial_elems + loss_slots} scratch floats "
+                         f"(partial sums and loss slots) for a {M}x{N} output, more than 2**31; the kernel uses "
+                         "32-bit offsets")
     if partial_elems or loss_slots:
         # One workspace for both protocols (fused.py's docstring): partials, then the row tiles' loss
         # slots; the tiles' counters, then the loss counter.
-        partials, counters = splitk_workspace(a.device, partial_elems + loss_slots, tiles + (1 if loss_slots else 0))
+        partials, counters = splitk_workspace(a.device, partial_elems + loss_slots, tiles + (1 if loss_slots else 0),
+                                              what="linear_cross_entropy" if loss_slots else "a split-K matmul")
     if loss_slots:
         extra.update(slots_ptr=partials[partial_elems:], loss_counter_ptr=counters[tiles:])
     args = dict(

@@ -15,9 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.store import StoreError, load_store, store_path
+from autotune.store import StoreError, load_store, parse_shape_key, store_path
 from autotune.targets import local_gpu
-from autotune.store import parse_shape_key
 from kernels_core.contract import FUSED_OPS, check_block_holds_row
 from kernels_core.space import Space
 from trainer.config import Config
@@ -98,7 +97,7 @@ class CallConfigs:
     def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None):
         self.store, self.backend, self.dtype = store, backend, dtype
         self._default_of = default_of  # op -> the config the kernel uses when given None
-        self._valid_for = valid_for  # (op, config) -> the config as the op's space allows it, or None
+        self._valid_for = valid_for  # (op, key, config) -> the config as the op's space allows it, or None
         self.chosen: dict[tuple[str, str], tuple[dict | None, str]] = {}
 
     def get(self, op: str, key: str) -> dict | None:
