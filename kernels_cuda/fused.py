@@ -88,7 +88,7 @@ def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None, out_grad=N
               mm.kernel_args(ops, bias=None if bias is None else bias.contiguous(), C=grad, M=M, N=N, K=K,
                              partials=partials if splits else None, counters=counters if splits else None,
                              k_slice=grid.k_slice, labels=labels.contiguous(),
-                             label_rows=None if label_rows is None else label_rows.contiguous(),
+                             label_rows=label_rows,
                              n_labels=labels.shape[0], loss=loss, flag=label_flag(x.device, "linear_cross_entropy"),
                              loss_slots=partials[partial_elems:], loss_counter=counters[grid.tiles:]),
               smem, for_=rt.tag("linear_cross_entropy", dtype, cfg))

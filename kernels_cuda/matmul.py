@@ -217,7 +217,6 @@ def operands(a, b, trans_a: bool, trans_b: bool, a_rows=None) -> Operands:
         # trans_a (x_rows gathered along K).
         a_t, lda = gathered_layout(a)
         a_kc = not trans_a
-        a_rows = a_rows.contiguous()
     b_t, b_n_contig, ldb = matrix_layout(b, trans_b)  # op(b) is K x N: cols contiguous = n contiguous
     elt = a.element_size()
     va = rt.pick_vec(VEC_BYTES // elt, elt, (a_t,), (lda,))

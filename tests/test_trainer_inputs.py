@@ -40,6 +40,7 @@ train_module = importlib.import_module("trainer.train")  # the module; `trainer.
     (["--tuned-configs", "best.json"], "the torch backend has none"),
     (["--backend", "torch", "--allow-default-configs"], "the torch backend has none"),
     (["--backend", "torch", "--target", "sm_90"], "the torch backend has none"),
+    (["--no-fuse"], "--no-fuse applies to the cuda and triton backends only"),
 ])
 def test_bad_flags_exit_2_with_one_line_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

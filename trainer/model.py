@@ -94,11 +94,11 @@ class OpsMLP:
         loss, d = self._call("linear_cross_entropy", (m, weights[last].shape[1], k), "nn",
                              acts[-1], weights[last], y, bias=biases[last], label_rows=rows)
         acts.insert(0, x)  # acts[i]: the input of layer i (the dataset, read through rows)
+        low = self.low is not self.params
         for i in reversed(range(len(weights))):
             dx = self._matmul(d, weights[i], trans_b=True, relu_grad_of=acts[i]) if i > 0 else None
             w, b = self.params[2 * i], self.params[2 * i + 1]
             bw, bb = (self.bufs[2 * i], self.bufs[2 * i + 1]) if self.bufs is not None else (None, None)
-            low = self.low is not self.params
             self._call("linear_sgd", (w.shape[0], w.shape[1], d.shape[0]), "tn", acts[i], d, w, b, bw, bb,
                        lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
                        x_rows=rows if i == 0 else None,

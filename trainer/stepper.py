@@ -22,6 +22,7 @@ class Stepper:
     def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor):
         self.backend, self.batches, self.losses = backend, batches, losses
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.ops_per_step: int | None = None  # counted by prepare() on a GPU
 
     def eager(self) -> None:
         if getattr(self.backend, "gathers_batch", False):  # its kernels read the batch's rows themselves
@@ -49,8 +50,6 @@ class Stepper:
             self.ops_per_step = timing.device_ops(self.eager)
         self.backend.restore(saved)
         self.batches.pos.zero_()
-
-    ops_per_step: int | None = None
 
     def __call__(self) -> None:
         if self.graph is not None:

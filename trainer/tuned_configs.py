@@ -72,8 +72,8 @@ def as_fused(op: str, key: str, matmul_config: dict, space: Space, elt: int, arc
     """A matmul config as fused `op` runs it on the GEMM `key`: tunables outside the op's space
     take the op's default value; None if the result is still invalid there."""
     default = space.default_for(arch)
-    config = {name: matmul_config.get(name, default[name]) for name in space.params}
-    config = {name: v if v in space.params[name] else default[name] for name, v in config.items()}
+    config = {name: v if (v := matmul_config.get(name)) in space.params[name] else default[name]
+              for name in space.params}
     if space.violated(config, elt, arch):
         return None
     if op == "linear_cross_entropy":
