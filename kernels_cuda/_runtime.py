@@ -34,6 +34,7 @@ class Variant:
     source: str  # file name beside this module
     kernel: str
     targs: tuple[int, ...]
+    sm_suffix: str = ""  # "a": built for the arch-specific target (sm_90a: wgmma, setmaxnreg)
 
     @property
     def name_expr(self) -> str:
@@ -148,8 +149,11 @@ def function(variant: Variant, device: int, smem: int):
     fn = _functions.get(key)
     if fn is None:
         cp = cupy()
+        options = NVRTC_OPTIONS
+        if variant.sm_suffix:
+            options += (f"-arch=sm_{device_props(device)[0]}{variant.sm_suffix}",)
         with cp.cuda.Device(device):
-            module = cp.RawModule(code=source(variant.source), options=NVRTC_OPTIONS,
+            module = cp.RawModule(code=source(variant.source), options=options,
                                   name_expressions=[variant.name_expr])
             fn = module.get_function(variant.name_expr)
         _functions[key] = fn
@@ -207,6 +211,12 @@ def i64(v: int) -> np.int64:
 
 def f32(v: float) -> np.float32:
     return np.float32(v)
+
+
+def by_value(address: int):
+    """A struct argument (a TMA tensor map) copied into the launch from host memory at `address`:
+    CuPy hands the pointer to cuLaunchKernel's kernelParams, which copy the parameter's size."""
+    return cupy().cuda.function.CPointer(address)
 
 
 def resource_report(for_: tuple) -> dict | None:

@@ -5,6 +5,7 @@ split-K (its epilogue updates the weights in place, which one block per tile mus
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import torch
@@ -18,14 +19,24 @@ from kernels_core.workspace import splitk_workspace
 from . import _runtime as rt
 from . import matmul as mm
 
+def _mma_only(dtype: str, **fixed) -> dict:
+    """matmul's tunables of `dtype` with `fixed` values, and the mma.sync kernel alone: the fused
+    epilogues live in matmul_simt.cu and matmul_tc.cu, not in matmul_wgmma.cu."""
+    params = {**mm.space_for(dtype).params, **fixed}
+    if "WGMMA" in params:
+        params["WGMMA"] = (0,)
+    return params
+
+
 _SPACES = {
     "linear_cross_entropy": {
-        dtype: replace(mm.space_for(dtype), notes=mm.space_for(dtype).notes + "; softmax cross-entropy in the "
-                       "epilogue of the last slice, one tile per row: a call refuses BLOCK_N < N")
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype),
+                       notes=mm.space_for(dtype).notes.partition("; on sm_90")[0] + "; softmax cross-entropy in "
+                       "the epilogue of the last slice, one tile per row: a call refuses BLOCK_N < N")
         for dtype in contract.DTYPES},
     "linear_sgd": {
-        dtype: replace(mm.space_for(dtype), params={**mm.space_for(dtype).params, "SPLIT_K": (1,)},
-                       notes=mm.space_for(dtype).notes.partition(";")[0] + "; SGD step in the epilogue, no split-K")
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype, SPLIT_K=(1,)),
+                       notes=re.split("[;:]", mm.space_for(dtype).notes)[0] + "; SGD step in the epilogue, no split-K")
         for dtype in contract.DTYPES},
 }
 

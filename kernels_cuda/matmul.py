@@ -16,6 +16,7 @@ from kernels_core.space import Space
 from kernels_core.workspace import splitk_slices, splitk_workspace
 
 from . import _runtime as rt
+from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
@@ -61,8 +62,10 @@ SIMT_SPACE = Space(
     notes="fp32 SIMT; 16-byte loads, lowered by the host for misaligned operands; SPLIT_K > 1 sums slices in fp32",
 )
 
-# Tensor-core GEMM (mma.sync m16n8k16). num_warps warps cut the block tile
-# into warp tiles (warp_grid), from 32 x 32 to 64 x 64: smaller ones are bound
+# Tensor-core GEMM, two kernels chosen by the WGMMA tunable.
+#
+# WGMMA = 0: mma.sync m16n8k16 (matmul_tc.cu), every arch from sm_75. num_warps warps cut the
+# block tile into warp tiles (warp_grid), from 32 x 32 to 64 x 64: smaller ones are bound
 # by shared-memory reads, larger ones spill, and so do 64 x 64 ones in blocks
 # of 1 or 2 warps, whose threads each issue 2-4x the copies of a 4-warp
 # block's (ptxas at sm_90: 300-840 bytes). A one-warp block may be as small
@@ -77,9 +80,39 @@ SIMT_SPACE = Space(
 # sm_75 space without that rule spilled in 131 of 316 configs, in 2 of the
 # 156 it keeps (8 bytes each). Hence 8 warps by default there: 64 x 64 warp
 # tiles spill.
-# The smem expression is the larger of the two shared layouts (k-contiguous
+# Its smem expression is the larger of the two shared layouts (k-contiguous
 # or not) of each operand: the tuner prunes by it and the launch asks for it,
 # whatever the call's layout (the kernel carves its ring from the front).
+#
+# WGMMA = 1: wgmma + TMA with a producer warpgroup (matmul_wgmma.cu), sm_90 only (built for
+# sm_90a). num_warps counts the consumer (math) warps as for mma.sync: 4 or 8, one or two
+# warpgroups, each owning 64 or 128 rows of the tile and at most 128 fp32 accumulators per
+# thread; the producer warpgroup comes on top (threads). BLOCK_K is 64, one 128-byte swizzled
+# row. No split-K, no fused epilogues, no fp16 accumulation: calls that ask
+# for them, or whose operands the TMA cannot read, are refused as config errors.
+_MMA_SYNC_RULES = (
+    "BLOCK_M * BLOCK_N <= (64 if num_warps >= 4 else 32) * 64 * num_warps  # larger warp tiles spill",
+    "BLOCK_M * BLOCK_N >= 32 * 32 * num_warps or num_warps == 1  # smaller warp tiles starve on shared memory",
+    "BLOCK_M <= 2 * num_warps * BLOCK_N and BLOCK_N <= 2 * num_warps * BLOCK_M  # warp tiles at most 2:1",
+    "arch >= 80 or num_stages == 2",
+    "arch >= 80 or 2 * BLOCK_M * BLOCK_N + (BLOCK_M + BLOCK_N) * BLOCK_K <= 64 * 88 * num_warps"
+    "  # sm_75: accumulators + staged copies",
+    "SPLIT_K == 1 or (GROUP_M == 8 and BLOCK_M <= 128 and BLOCK_N <= 128)  # split-K configs (see above)",
+)
+_WGMMA_RULES = (
+    "arch == 90  # wgmma is sm_90a's alone",
+    "BLOCK_K == 64 and SPLIT_K == 1 and num_warps in (4, 8)  # 128-byte k rows; 1 or 2 consumer warpgroups",
+    "BLOCK_M in (16 * num_warps, 32 * num_warps) and BLOCK_N >= 64  # 64 or 128 rows per consumer warpgroup",
+    "BLOCK_M * BLOCK_N <= 4096 * num_warps  # at most 128 accumulators per consumer thread",
+)
+
+
+def _when(flag: str, rule: str) -> str:
+    """`rule` applied only where `flag` holds, its reason kept."""
+    expr, _, why = rule.partition("#")
+    return f"not ({flag}) or ({expr.strip()})" + (f"  # {why.strip()}" if why else "")
+
+
 TC_SPACE = Space(
     params={
         "BLOCK_M": (16, 32, 64, 128, 256),
@@ -89,29 +122,28 @@ TC_SPACE = Space(
         "num_stages": (2, 3, 4),
         "GROUP_M": (1, 8),
         "SPLIT_K": (1, 2, 4, 8, 16),
+        "WGMMA": (0, 1),
     },
-    # Best of a 76-config sweep at 4096^3 fp16 on an H200 (266 TFLOP/s).
+    # Best of a 76-config sweep at 4096^3 fp16 on an H200 (266 TFLOP/s). mma.sync: every call
+    # and every arch can run it, which a default must.
     default={
         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4, "GROUP_M": 8,
-        "SPLIT_K": 1,
+        "SPLIT_K": 1, "WGMMA": 0,
     },
     defaults_below={80: {"num_stages": 2, "num_warps": 8}},
     restrictions=(
-        "BLOCK_M * BLOCK_N <= (64 if num_warps >= 4 else 32) * 64 * num_warps  # larger warp tiles spill",
-        "BLOCK_M * BLOCK_N >= 32 * 32 * num_warps or num_warps == 1  # smaller warp tiles starve on shared memory",
-        "BLOCK_M <= 2 * num_warps * BLOCK_N and BLOCK_N <= 2 * num_warps * BLOCK_M  # warp tiles at most 2:1",
-        "arch >= 80 or num_stages == 2",
-        "arch >= 80 or 2 * BLOCK_M * BLOCK_N + (BLOCK_M + BLOCK_N) * BLOCK_K <= 64 * 88 * num_warps"
-        "  # sm_75: accumulators + staged copies",
-        "SPLIT_K == 1 or (GROUP_M == 8 and BLOCK_M <= 128 and BLOCK_N <= 128)  # split-K configs (see above)",
+        *(_when("WGMMA == 0", rule) for rule in _MMA_SYNC_RULES),
+        *(_when("WGMMA == 1", rule) for rule in _WGMMA_RULES),
         "elt == 2",
     ),
-    threads="32 * num_warps",
+    threads="32 * num_warps + 128 * WGMMA",
     smem_bytes=(
-        "num_stages * (max(BLOCK_M * (BLOCK_K + 8), BLOCK_K * (BLOCK_M + 8))"
+        "num_stages * ((BLOCK_M + BLOCK_N) * BLOCK_K * elt + 16) + 1024 if WGMMA else"
+        " num_stages * (max(BLOCK_M * (BLOCK_K + 8), BLOCK_K * (BLOCK_M + 8))"
         " + max(BLOCK_N * (BLOCK_K + 8), BLOCK_K * (BLOCK_N + 8))) * elt"
     ),
-    notes="fp16/bf16 mma.sync; 16-byte cp.async, lowered by the host for misaligned operands; SPLIT_K > 1 sums slices in fp32",
+    notes="fp16/bf16 mma.sync with WGMMA=0: 16-byte cp.async, lowered by the host for misaligned operands, SPLIT_K > 1 "
+          "sums slices in fp32; on sm_90 wgmma + TMA with WGMMA=1: operands with 16-byte aligned rows",
 )
 # bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
 TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
@@ -149,6 +181,13 @@ def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16, a_ro
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], warps_m, warps_n, cfg["num_stages"],
         va, vb, cfg["GROUP_M"], cfg["SPLIT_K"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
         int(acc16), int(arch >= 80), int(a_rows), rt.EPI_CODE[epi]))
+
+
+def wgmma_variant(cfg, dtype, a_kc, b_kc, has_bias, relu, c_pairs) -> rt.Variant:
+    """c_pairs: C's columns stored two at a time (N even, C 4-byte aligned)."""
+    return rt.Variant("matmul_wgmma.cu", "matmul_wgmma_kernel", (
+        rt.DT_CODE[dtype], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"] // 4, cfg["GROUP_M"],
+        int(a_kc), int(b_kc), int(has_bias), int(relu), int(c_pairs)), sm_suffix="a")
 
 
 def variant(dtype: str, arch: int, cfg, ops: "Operands", *, has_bias=False, relu=False, acc16=False,
@@ -260,6 +299,8 @@ def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int
     vec = VEC_BYTES // contract.DTYPES[dtype].itemsize
     if dtype == "fp32":
         variant = simt_variant(cfg, True, False, vec, vec, False, False)
+    elif cfg["WGMMA"]:
+        variant = wgmma_variant(cfg, dtype, True, False, False, False, True)
     else:
         variant = tc_variant(cfg, dtype, arch, True, False, vec, vec, False, False, False)
     return variant, launch_cost(dtype, cfg, arch)[1]
@@ -289,23 +330,69 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     ops = operands(a, b, trans_a, trans_b, a_rows)
     if bias is not None:
         bias = bias.contiguous()
-    if relu_grad_of is not None:
-        relu_grad_of = relu_grad_of.contiguous()  # read with ld = N, as C is written
-    grid = split(cfg, M, N, K)
-    kernel = variant(dtype, arch, grid.cfg, ops, has_bias=bias is not None, relu=activation == "relu",
-                     acc16=accumulate == "fp16", epi="plain" if relu_grad_of is None else "relu_grad")
-    threads, smem = launch_cost(dtype, cfg, arch)
-    partials = counters = None  # SPLIT_K == 1 compiles no access to them
-    if grid.slices > 1:
-        # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread
-        # order); counters[tile] are zero between calls (the last arrival resets its own).
-        partials, counters = splitk_workspace(a.device, grid.partial_elems(), grid.tiles)
     # The kernels store row-major with ld = N; a strided `out` view gets the result by one copy.
     c = out if out.is_contiguous() else torch.empty((M, N), dtype=a.dtype, device=a.device)
-    rt.launch(kernel, dev, (grid.tiles, grid.slices, 1), (threads, 1, 1),
-              kernel_args(ops, bias=bias, C=c, M=M, N=N, K=K, partials=partials, counters=counters,
-                          k_slice=grid.k_slice, relu_y=relu_grad_of),
-              smem, for_=rt.tag("matmul", dtype, cfg))
+    if cfg.get("WGMMA"):
+        refused = ("gathered rows of a (a_rows)" if a_rows is not None else
+                   "relu_grad_of epilogue" if relu_grad_of is not None else
+                   "fp16 accumulation" if accumulate == "fp16" else None)
+        if refused:
+            raise ValueError(f"config: the wgmma kernel (WGMMA=1) has no {refused}; use WGMMA=0 for this call")
+        _matmul_wgmma(dtype, dev, arch, cfg, ops, trans_a, trans_b, bias, activation == "relu", c, M, N, K)
+    else:
+        if relu_grad_of is not None:
+            relu_grad_of = relu_grad_of.contiguous()  # read with ld = N, as C is written
+        grid = split(cfg, M, N, K)
+        kernel = variant(dtype, arch, grid.cfg, ops, has_bias=bias is not None, relu=activation == "relu",
+                         acc16=accumulate == "fp16", epi="plain" if relu_grad_of is None else "relu_grad")
+        threads, smem = launch_cost(dtype, cfg, arch)
+        partials = counters = None  # SPLIT_K == 1 compiles no access to them
+        if grid.slices > 1:
+            # partials[tile][slice]: one fp32 BLOCK_M x BLOCK_N tile each (in the kernel's thread
+            # order); counters[tile] are zero between calls (the last arrival resets its own).
+            partials, counters = splitk_workspace(a.device, grid.partial_elems(), grid.tiles)
+        rt.launch(kernel, dev, (grid.tiles, grid.slices, 1), (threads, 1, 1),
+                  kernel_args(ops, bias=bias, C=c, M=M, N=N, K=K, partials=partials, counters=counters,
+                              k_slice=grid.k_slice, relu_y=relu_grad_of),
+                  smem, for_=rt.tag("matmul", dtype, cfg))
     if c is not out:
         out.copy_(c)
     return out
+
+
+def tma_reads(t: torch.Tensor, s_outer: int, s_k: int, outer: int, k: int, box_rows: int,
+              prefer_kc: bool) -> tuple[bool, _tma.Map2D] | None:
+    """How the TMA reads X, an outer x k operand (A: M x K; B transposed: N x K) stored in `t`
+    with strides s_outer, s_k: (k contiguous?, its tensor map), the layout the mma.sync path
+    chose first (prefer_kc), or None if the TMA can read neither. A matrix of one row or one
+    column is contiguous both ways, which is what lets M, N or K = 1 through."""
+    ptr = t.data_ptr()
+    k_major = _tma.Map2D(ptr, outer, k, s_outer, box_rows) if s_k == 1 or k == 1 else None
+    mn_major = _tma.Map2D(ptr, k, outer, s_k, _tma.BOX_COLS) if s_outer == 1 or outer == 1 else None
+    options = ((True, k_major), (False, mn_major))
+    for kc, m in options if prefer_kc else options[::-1]:
+        if m is not None and m.readable():
+            return kc, m
+    return None
+
+
+def _matmul_wgmma(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, relu, c, M, N, K) -> None:
+    sa, sb = ops.a.stride(), ops.b.stride()
+    a_outer, a_k = (sa[1], sa[0]) if trans_a else (sa[0], sa[1])  # op(a) is M x K
+    b_outer, b_k = (sb[0], sb[1]) if trans_b else (sb[1], sb[0])  # op(b) is K x N
+    read_a = tma_reads(ops.a, a_outer, a_k, M, K, cfg["BLOCK_M"], ops.a_kc)
+    read_b = tma_reads(ops.b, b_outer, b_k, N, K, cfg["BLOCK_N"], ops.b_kc)
+    for name, read, t in (("a", read_a, ops.a), ("b", read_b, ops.b)):
+        if read is None:
+            raise ValueError(
+                f"config: the wgmma kernel (WGMMA=1) reads {name} with the TMA, which needs a 16-byte aligned "
+                f"start and rows a multiple of 16 bytes apart; {name} {tuple(t.shape)} with strides {t.stride()} "
+                f"(start {t.data_ptr() % 16} bytes past 16) has neither: use WGMMA=0 for this call")
+    (a_kc, map_a), (b_kc, map_b) = read_a, read_b
+    kernel = wgmma_variant(cfg, dtype, a_kc, b_kc, bias is not None, relu, N % 2 == 0 and c.data_ptr() % 4 == 0)
+    threads, smem = launch_cost(dtype, cfg, arch)
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    rt.launch(kernel, dev, (tiles, 1, 1), (threads, 1, 1),
+              (rt.by_value(_tma.tensor_map(map_a)), rt.by_value(_tma.tensor_map(map_b)), rt.ptr(bias), rt.ptr(c),
+               rt.i32(M), rt.i32(N), rt.i32(K)),
+              smem, for_=rt.tag("matmul", dtype, cfg))

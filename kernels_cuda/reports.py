@@ -65,7 +65,7 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)a?'")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
@@ -113,8 +113,10 @@ def compile_variants(variants: list[rt.Variant], dynamic_smem: list[int], arch: 
             with open(path, "w") as f:
                 f.write(tu)
             t0 = time.perf_counter()
+            sm = f"{arch}{variants[idx[0]].sm_suffix}"  # one source, one target (matmul_wgmma.cu: sm_90a)
             proc = subprocess.run(
-                [nvcc, "-std=c++17", "-cubin", f"-arch=sm_{arch}", "--resource-usage", f"-I{rt.HERE}",
+                [nvcc, "-std=c++17", "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}", "--resource-usage",
+                 f"-I{rt.HERE}",
                  "-o", os.path.join(tmp, "variants.cubin"), path],
                 capture_output=True, text=True)
             seconds = time.perf_counter() - t0

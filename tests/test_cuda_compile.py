@@ -384,11 +384,17 @@ def test_matmul_space_is_dense_enough_to_search(dtype):
     """The tuner suggests each tunable on its own (among the values valid configs use) and gives
     up a study after 100 invalid suggestions in a row (autotune.studies). Replaying its TPE
     sampler on these spaces (valid fraction 0.14-0.15) and the ones before split-K (0.13-0.20),
-    no run came within 60 of that; at 0.08, one in four came within 6."""
+    no run came within 60 of that; at 0.08, one in four came within 6. The wgmma kernel (WGMMA=1,
+    sm_90 only) adds a sparse region: the whole fp16 space at sm_90 is 0.075 dense, and 8 replays
+    of 60 trials on it (fake times) never gave up (NOTES section 14); the mma.sync region keeps the
+    old density."""
     sp = kc.space("matmul", dtype)
     valid = list(sp.configs(_elt(dtype), 90))
     values = {name: {c[name] for c in valid} for name in sp.params}
-    assert len(valid) / math.prod(len(v) for v in values.values()) >= 0.12
+    assert len(valid) / math.prod(len(v) for v in values.values()) >= (0.07 if "WGMMA" in values else 0.12)
+    mma_sync = [c for c in valid if not c.get("WGMMA")]
+    values = {name: {c[name] for c in mma_sync} for name in sp.params}
+    assert len(mma_sync) / math.prod(len(v) for v in values.values()) >= 0.12
 
 
 @pytest.mark.parametrize("mangled,expr", [

@@ -1,0 +1,347 @@
+// fp16 / bf16 matmul on Hopper's warpgroup tensor cores (wgmma) fed by the tensor memory
+// accelerator (TMA): C = act(op(A) @ op(B) + bias), C row-major M x N in the inputs' dtype,
+// fp32 accumulation. sm_90a only (wgmma and setmaxnreg are not in plain sm_90, nor in any later
+// arch); matmul_tc.cu (mma.sync) stays the kernel of sm_75 .. sm_89 and of calls this one cannot
+// take. Build alone, no GPU needed (registers, spills; the SASS must show HGMMA and UTMALDG):
+//   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -DSTANDALONE --resource-usage \
+//        -o /tmp/w.cubin kernels_cuda/matmul_wgmma.cu && cuobjdump -sass /tmp/w.cubin | grep -c HGMMA
+//
+// Why a second tensor-core kernel: at 4096^3 fp16 (137 GFLOP) cuBLAS takes 0.18 ms on the H200
+// (756 TFLOP/s) with wgmma; matmul_tc.cu's mma.sync peaked at 266 TFLOP/s over a 76-config sweep
+// (NOTES section 2): the instruction, not the tile, was the ceiling. One m64nNk16 wgmma is issued
+// by a warpgroup (4 warps) and reads both operands straight from shared memory, so no ldmatrix,
+// no fragment registers for A or B, and the tensor cores run while the warps do something else.
+//
+// Roles (producer/consumer warp specialization). A block of BM x BN output has 1 + CONSUMERS
+// warpgroups of 128 threads:
+//  - warpgroup 0, the producer: one thread issues the TMA copies of each BK = 64 slice of K
+//    (A: BM x 64, B: 64 x BN) into a STAGES-deep ring of shared buffers. It gives its registers
+//    away (setmaxnreg.dec to 40), the consumers take them (setmaxnreg.inc to 232).
+//  - warpgroups 1 .. CONSUMERS: each owns BM / CONSUMERS rows of the tile (one or two m64 slabs),
+//    all BN columns, BM * BN / (128 * CONSUMERS) fp32 accumulators per thread, and issues
+//    4 k16 steps of wgmma per slice.
+//
+// Who waits on what (two mbarriers per stage s):
+//  - full[s] (count 1): the producer arrives with expect_tx(bytes of the stage) and the TMA unit
+//    completes the transaction as its bytes land; a consumer waits on full[s]'s phase
+//    (kt / STAGES) & 1 before its wgmma read slice kt. The TMA writes by the async proxy, wgmma
+//    reads by it too, and the mbarrier's completion makes those writes visible: no extra fence.
+//  - empty[s] (count CONSUMERS): after issuing slice kt's wgmmas a consumer waits (wait_group 1)
+//    until the wgmmas of slice kt - 1 are done reading, then one thread of it arrives on
+//    empty[(kt - 1) % STAGES]. The producer waits for that phase before it overwrites the stage
+//    with slice kt - 1 + STAGES. So one group of wgmmas is always in flight while the next
+//    slice's barrier is waited on.
+// Barrier init is made visible to the TMA unit (async proxy) by fence.mbarrier_init, then a
+// __syncthreads, before anyone waits or copies.
+//
+// Shared layout: a stage holds A then B, each as 128-byte rows (64 halves of the contiguous
+// dimension) in the TMA's 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8)),
+// which is exactly the canonical layout wgmma's descriptors name "128B swizzle", so shared memory
+// is read without bank conflicts and without any repacking. The swizzle repeats every 1024 bytes
+// and is computed from address bits, so every tile starts 1024-byte aligned.
+//  - k contiguous (K-major: A row-major, B given as B^T row-major): one box of 64 (k) x rows; row
+//    r at r * 128 bytes; descriptor: 8-row groups 1024 bytes apart (SBO), the k16 step moves the
+//    start address by 32 bytes inside the swizzled rows.
+//  - m or n contiguous (MN-major: A given as A^T, B row-major): boxes of 64 (m or n) x 64 (k),
+//    one per 64 columns, 8 KiB apart (LBO); row k at k * 128 bytes, 8-row k groups 1024 bytes
+//    apart (SBO); the k16 step moves the start by 16 rows (2048 bytes); the wgmma's transpose
+//    flag for that operand is set (allowed for 16-bit types).
+// Ragged edges cost nothing in the main loop: the TMA fills elements outside the tensor with
+// zeros (K's tail, the last tiles of M and N) and still counts the whole box's bytes toward
+// expect_tx, so every stage's byte count is the same constant.
+//
+// Known cost: with A given as A^T (MN-major) and two m64 slabs per consumer, ptxas serializes
+// the slice's wgmmas (warning C7515, found offline, cause not yet understood); the tuner measures
+// those configs like any other.
+//
+// Epilogue: each thread holds, per 64 x 8 piece of its slab, rows r and r + 8, columns c, c + 1
+// (r = 16 * warp + lane / 4, c = 2 * (lane % 4): mma.sync's fragment layout, repeated), adds the
+// bias, applies ReLU, rounds once and stores pairs as one 32-bit store where C_PAIRS (N even,
+// C 4-byte aligned).
+//
+// The host (kernels_cuda/matmul.py, _tma.py) checks what the TMA needs: 16-byte aligned base
+// addresses and row strides that are multiples of 16 bytes (K and N multiples of 8 for
+// contiguous operands); a call that breaks it is refused as a config error, so the tuner prunes
+// the config for that shape and the mma.sync kernel takes it.
+#include "common.cuh"
+
+// A CUtensorMap (cuda.h's opaque 128-byte, 64-byte aligned struct), passed by value as a
+// __grid_constant__ parameter so the TMA unit reads it from the kernel's parameter space.
+struct alignas(64) TmaMap {
+    u64 words[16];
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+// One box of a 2-D tensor map into shared memory, completing on `bar`; c0 indexes the contiguous
+// dimension.
+__device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+        ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (all in
+// 16-byte units, 14 bits each), 128-byte swizzle (mode 1 in bits 62-63).
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// d (64 x N fp32 per warpgroup, N / 2 per thread) += A (64 x 16) * B (16 x N), both from shared
+// memory; TA / TB: the operand is MN-major. scale-d is 1: the accumulators start at zero.
+#define WGMMA_N64(TY)                                                                  \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                 \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                              \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"         \
+    "}, %32, %33, p, 1, 1, %35, %36; }\n"                                  \
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+
+#define WGMMA_N128(TY)                                                                  \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"                                 \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                              \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"        \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"        \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"         \
+    "}, %64, %65, p, 1, 1, %67, %68; }\n"                                  \
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+
+#define WGMMA_N256(TY)                                                                  \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"                                 \
+    "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                              \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"        \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"        \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"        \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"        \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"        \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
+    "}, %128, %129, p, 1, 1, %131, %132; }\n"                                  \
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+
+
+template <int DT, int N, int TA, int TB>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], u64 da, u64 db) {
+    if constexpr (DT == DT_BF16) {
+        if constexpr (N == 64) WGMMA_N64("bf16");
+        else if constexpr (N == 128) WGMMA_N128("bf16");
+        else WGMMA_N256("bf16");
+    } else {
+        if constexpr (N == 64) WGMMA_N64("f16");
+        else if constexpr (N == 128) WGMMA_N128("f16");
+        else WGMMA_N256("f16");
+    }
+}
+
+// Pins the accumulators in place around a batch of wgmmas: their register writes are
+// asynchronous, which the compiler cannot see, so without this it may move the zeroing into a
+// batch (ptxas then serializes the wgmmas: warning C7515) or a read above the wait that ends it.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---------------------------------------------------------------- kernel
+
+template <int DT, int BM, int BN, int STAGES, int CONSUMERS, int GROUP_M, int A_KC, int B_KC, int HAS_BIAS,
+          int RELU, int C_PAIRS>
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
+                    const u16* __restrict__ bias, u16* __restrict__ C, int M, int N, int K) {
+    typedef Elt<DT> E;
+    constexpr int BK = 64;
+    constexpr int WM = BM / CONSUMERS;  // rows of one consumer warpgroup
+    constexpr int MI = WM / 64;         // its m64 slabs
+    constexpr u32 A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+    constexpr u32 STAGE_BYTES = A_BYTES + B_BYTES;
+    static_assert(BK * 2 == 128, "one 128-byte swizzled row per k slice");
+    static_assert(WM % 64 == 0 && (MI == 1 || MI == 2), "a consumer owns one or two m64 slabs");
+    static_assert(BN == 64 || BN == 128 || BN == 256, "one wgmma spans the tile's columns");
+
+    // Dynamic shared memory: the ring, 1024-aligned (the swizzle's period), then the barriers
+    // full[0 .. STAGES) and empty[0 .. STAGES), 8 bytes each.
+    extern __shared__ unsigned char smem_raw[];
+    const u32 ring = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    const u32 bars = ring + STAGES * STAGE_BYTES;
+
+    int pid_m, pid_n;
+    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
+    const int m0 = pid_m * BM, n0 = pid_n * BN;
+    const int ktiles = (K + BK - 1) / BK;
+    const int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (STAGES + s), CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ------------------------------------------------ producer
+        if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) + 1) & 1);
+                const u32 full = bars + 8 * s;
+                const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + A_BYTES;
+                mbar_expect_tx(full, STAGE_BYTES);
+                if constexpr (A_KC) {
+                    tma_load(a_dst, &map_a, full, kt * BK, m0);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < BM / 64; ++j) tma_load(a_dst + j * 8192, &map_a, full, m0 + 64 * j, kt * BK);
+                }
+                if constexpr (B_KC) {
+                    tma_load(b_dst, &map_b, full, kt * BK, n0);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < BN / 64; ++j) tma_load(b_dst + j * 8192, &map_b, full, n0 + 64 * j, kt * BK);
+                }
+            }
+        }
+    } else {
+        // ------------------------------------------------ consumers
+        if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1;
+        float d[MI][BN / 2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r) d[i][r] = 0.f;
+
+        for (int kt = 0; kt < ktiles; ++kt) {
+            const int s = kt % STAGES;
+            mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+            const u32 a_base = ring + s * STAGE_BYTES, b_base = a_base + A_BYTES;
+#pragma unroll
+            for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                const u64 db = B_KC ? smem_desc(b_base + kk * 32, 16, 1024) : smem_desc(b_base + kk * 2048, 8192, 1024);
+#pragma unroll
+                for (int i = 0; i < MI; ++i) {
+                    const int row = c * WM + i * 64;
+                    const u64 da = A_KC ? smem_desc(a_base + row * 128 + kk * 32, 16, 1024)
+                                        : smem_desc(a_base + (row / 64) * 8192 + kk * 2048, 8192, 1024);
+                    wgmma<DT, BN, 1 - A_KC, 1 - B_KC>(d[i], da, db);
+                }
+            }
+            wgmma_commit();
+#pragma unroll
+            for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+            if (kt > 0) {
+                wgmma_wait<1>();  // slice kt - 1's wgmmas are done reading their stage
+                if (threadIdx.x % 128 == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+            }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+
+        // ------------------------------------------------ epilogue
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + 8 * j + 2 * (lane % 4);
+            if (col >= N) continue;
+            float b0 = 0.f, b1 = 0.f;
+            if constexpr (HAS_BIAS) {
+                b0 = E::load(bias[col]);
+                if (col + 1 < N) b1 = E::load(bias[col + 1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + c * WM + i * 64 + 16 * warp + lane / 4 + 8 * h;
+                    if (row >= M) continue;
+                    float v0 = d[i][4 * j + 2 * h] + b0, v1 = d[i][4 * j + 2 * h + 1] + b1;
+                    if constexpr (RELU) {
+                        v0 = relu_f(v0);
+                        v1 = relu_f(v1);
+                    }
+                    u16* out = C + (i64)row * N + col;
+                    if (C_PAIRS && col + 1 < N) {
+                        *reinterpret_cast<u32*>(out) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                    } else {
+                        out[0] = E::store(v0);
+                        if (col + 1 < N) out[1] = E::store(v1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#ifdef STANDALONE
+// The defaults' neighbours: 128 x 256 with two consumers (nn, bias + ReLU), 128 x 128 with one (tn).
+template __global__ void matmul_wgmma_kernel<DT_FP16, 128, 256, 4, 2, 8, 1, 0, 1, 1, 1>(
+    const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const u16*, u16*, int, int, int);
+template __global__ void matmul_wgmma_kernel<DT_BF16, 128, 128, 5, 1, 8, 0, 0, 0, 0, 1>(
+    const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const u16*, u16*, int, int, int);
+#endif
