@@ -14,6 +14,7 @@ steps can be captured in CUDA graphs.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
@@ -100,6 +101,12 @@ def device_props(index: int) -> tuple[int, int]:
         p = (props.major * 10 + props.minor, int(props.shared_memory_per_block_optin))
         _props[index] = p
     return p
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """Multiprocessors of the GPU: the grid of a persistent kernel."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_cuda(name: str, t: torch.Tensor) -> None:

@@ -2,9 +2,9 @@
 // accelerator (TMA): C = act(op(A) @ op(B) + bias), C row-major M x N in the inputs' dtype,
 // fp32 accumulation. sm_90a only (wgmma and setmaxnreg are not in plain sm_90, nor in any later
 // arch); matmul_tc.cu (mma.sync) stays the kernel of sm_75 .. sm_89 and of calls this one cannot
-// take. Build alone, no GPU needed (registers, spills; the SASS must show HGMMA and UTMALDG):
-//   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -DSTANDALONE --resource-usage \
-//        -o /tmp/w.cubin kernels_cuda/matmul_wgmma.cu && cuobjdump -sass /tmp/w.cubin | grep -c HGMMA
+// take. Build alone, no GPU needed (registers, spills):
+//   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/matmul_wgmma.cu
+// (with -o w.cubin, `cuobjdump -sass w.cubin` shows its SASS: HGMMA, not HMMA; UTMALDG copies).
 //
 // Why a second tensor-core kernel: at 4096^3 fp16 (137 GFLOP) cuBLAS takes 0.18 ms on the H200
 // (756 TFLOP/s) with wgmma; matmul_tc.cu's mma.sync peaked at 266 TFLOP/s over a 76-config sweep
@@ -12,8 +12,9 @@
 // by a warpgroup (4 warps) and reads both operands straight from shared memory, so no ldmatrix,
 // no fragment registers for A or B, and the tensor cores run while the warps do something else.
 //
-// Roles (producer/consumer warp specialization). A block of BM x BN output has 1 + CONSUMERS
-// warpgroups of 128 threads:
+// Roles (producer/consumer warp specialization). A block has 1 + CONSUMERS warpgroups of 128
+// threads and computes BM x BN tiles of C one after another (persistent: the host launches at
+// most one block per SM, see the kernel):
 //  - warpgroup 0, the producer: one thread issues the TMA copies of each BK = 64 slice of K
 //    (A: BM x 64, B: 64 x BN) into a STAGES-deep ring of shared buffers. It gives its registers
 //    away (setmaxnreg.dec to 40), the consumers take them (setmaxnreg.inc to 232).
@@ -49,10 +50,6 @@
 // Ragged edges cost nothing in the main loop: the TMA fills elements outside the tensor with
 // zeros (K's tail, the last tiles of M and N) and still counts the whole box's bytes toward
 // expect_tx, so every stage's byte count is the same constant.
-//
-// Known cost: with A given as A^T (MN-major) and two m64 slabs per consumer, ptxas serializes
-// the slice's wgmmas (warning C7515, found offline, cause not yet understood); the tuner measures
-// those configs like any other.
 //
 // Epilogue: each thread holds, per 64 x 8 piece of its slab, rows r and r + 8, columns c, c + 1
 // (r = 16 * warp + lane / 4, c = 2 * (lane % 4): mma.sync's fragment layout, repeated), adds the
@@ -223,9 +220,7 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
     const u32 ring = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const u32 bars = ring + STAGES * STAGE_BYTES;
 
-    int pid_m, pid_n;
-    swizzle_block<GROUP_M>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, pid_m, pid_n);
-    const int m0 = pid_m * BM, n0 = pid_n * BN;
+    const int tiles_m = (M + BM - 1) / BM, tiles = tiles_m * ((N + BN - 1) / BN);
     const int ktiles = (K + BK - 1) / BK;
     const int wg = threadIdx.x / 128;
 
@@ -239,27 +234,39 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
     }
     __syncthreads();
 
+    // Persistent: the grid is at most one block per SM and each block walks the tiles
+    // blockIdx.x, blockIdx.x + gridDim.x, ... Producer and consumers count the same k slices
+    // (it) across tiles, so the ring's stages and phases run on from one tile into the next, and
+    // the producer fills the next tile's first stages while the consumers store this one.
     if (wg == 0) {
         // ------------------------------------------------ producer
         if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) + 1) & 1);
-                const u32 full = bars + 8 * s;
-                const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + A_BYTES;
-                mbar_expect_tx(full, STAGE_BYTES);
-                if constexpr (A_KC) {
-                    tma_load(a_dst, &map_a, full, kt * BK, m0);
-                } else {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int pid_m, pid_n;
+                swizzle_block<GROUP_M>(tile, tiles_m, tiles / tiles_m, pid_m, pid_n);
+                const int m0 = pid_m * BM, n0 = pid_n * BN;
+                for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) + 1) & 1);
+                    const u32 full = bars + 8 * s;
+                    const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + A_BYTES;
+                    mbar_expect_tx(full, STAGE_BYTES);
+                    if constexpr (A_KC) {
+                        tma_load(a_dst, &map_a, full, kt * BK, m0);
+                    } else {
 #pragma unroll
-                    for (int j = 0; j < BM / 64; ++j) tma_load(a_dst + j * 8192, &map_a, full, m0 + 64 * j, kt * BK);
-                }
-                if constexpr (B_KC) {
-                    tma_load(b_dst, &map_b, full, kt * BK, n0);
-                } else {
+                        for (int j = 0; j < BM / 64; ++j)
+                            tma_load(a_dst + j * 8192, &map_a, full, m0 + 64 * j, kt * BK);
+                    }
+                    if constexpr (B_KC) {
+                        tma_load(b_dst, &map_b, full, kt * BK, n0);
+                    } else {
 #pragma unroll
-                    for (int j = 0; j < BN / 64; ++j) tma_load(b_dst + j * 8192, &map_b, full, n0 + 64 * j, kt * BK);
+                        for (int j = 0; j < BN / 64; ++j)
+                            tma_load(b_dst + j * 8192, &map_b, full, n0 + 64 * j, kt * BK);
+                    }
                 }
             }
         }
@@ -267,70 +274,78 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
         // ------------------------------------------------ consumers
         if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int c = wg - 1;
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
         float d[MI][BN / 2];
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int pid_m, pid_n;
+            swizzle_block<GROUP_M>(tile, tiles_m, tiles / tiles_m, pid_m, pid_n);
+            const int m0 = pid_m * BM, n0 = pid_n * BN;
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int r = 0; r < BN / 2; ++r) d[i][r] = 0.f;
+                for (int r = 0; r < BN / 2; ++r) d[i][r] = 0.f;
 
-        for (int kt = 0; kt < ktiles; ++kt) {
-            const int s = kt % STAGES;
-            mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
-            const u32 a_base = ring + s * STAGE_BYTES, b_base = a_base + A_BYTES;
+            for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                const int s = it % STAGES;
+                mbar_wait(bars + 8 * s, (it / STAGES) & 1);
+                const u32 a_base = ring + s * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
-            for (int i = 0; i < MI; ++i) fence_acc(d[i]);
-            wgmma_fence();
+                for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
-                const u64 db = B_KC ? smem_desc(b_base + kk * 32, 16, 1024) : smem_desc(b_base + kk * 2048, 8192, 1024);
+                for (int kk = 0; kk < BK / 16; ++kk) {
+                    const u64 db = B_KC ? smem_desc(b_base + kk * 32, 16, 1024)
+                                        : smem_desc(b_base + kk * 2048, 8192, 1024);
 #pragma unroll
-                for (int i = 0; i < MI; ++i) {
-                    const int row = c * WM + i * 64;
-                    const u64 da = A_KC ? smem_desc(a_base + row * 128 + kk * 32, 16, 1024)
-                                        : smem_desc(a_base + (row / 64) * 8192 + kk * 2048, 8192, 1024);
-                    wgmma<DT, BN, 1 - A_KC, 1 - B_KC>(d[i], da, db);
+                    for (int i = 0; i < MI; ++i) {
+                        const int row = c * WM + i * 64;
+                        const u64 da = A_KC ? smem_desc(a_base + row * 128 + kk * 32, 16, 1024)
+                                            : smem_desc(a_base + (row / 64) * 8192 + kk * 2048, 8192, 1024);
+                        wgmma<DT, BN, 1 - A_KC, 1 - B_KC>(d[i], da, db);
+                    }
+                }
+                wgmma_commit();
+#pragma unroll
+                for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+                if (kt > 0) {
+                    wgmma_wait<1>();  // slice it - 1's wgmmas are done reading their stage
+                    if (threadIdx.x % 128 == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));
                 }
             }
-            wgmma_commit();
+            wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < MI; ++i) fence_acc(d[i]);
-            if (kt > 0) {
-                wgmma_wait<1>();  // slice kt - 1's wgmmas are done reading their stage
-                if (threadIdx.x % 128 == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
-            }
-        }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < MI; ++i) fence_acc(d[i]);
+            if (threadIdx.x % 128 == 0) mbar_arrive(bars + 8 * (STAGES + (it - 1) % STAGES));  // the tile's last
 
-        // ------------------------------------------------ epilogue
-        const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+            // ------------------------------------------------ epilogue
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int col = n0 + 8 * j + 2 * (lane % 4);
-            if (col >= N) continue;
-            float b0 = 0.f, b1 = 0.f;
-            if constexpr (HAS_BIAS) {
-                b0 = E::load(bias[col]);
-                if (col + 1 < N) b1 = E::load(bias[col + 1]);
-            }
+            for (int j = 0; j < BN / 8; ++j) {
+                const int col = n0 + 8 * j + 2 * (lane % 4);
+                if (col >= N) continue;
+                float b0 = 0.f, b1 = 0.f;
+                if constexpr (HAS_BIAS) {
+                    b0 = E::load(bias[col]);
+                    if (col + 1 < N) b1 = E::load(bias[col + 1]);
+                }
 #pragma unroll
-            for (int i = 0; i < MI; ++i) {
+                for (int i = 0; i < MI; ++i) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + c * WM + i * 64 + 16 * warp + lane / 4 + 8 * h;
-                    if (row >= M) continue;
-                    float v0 = d[i][4 * j + 2 * h] + b0, v1 = d[i][4 * j + 2 * h + 1] + b1;
-                    if constexpr (RELU) {
-                        v0 = relu_f(v0);
-                        v1 = relu_f(v1);
-                    }
-                    u16* out = C + (i64)row * N + col;
-                    if (C_PAIRS && col + 1 < N) {
-                        *reinterpret_cast<u32*>(out) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
-                    } else {
-                        out[0] = E::store(v0);
-                        if (col + 1 < N) out[1] = E::store(v1);
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m0 + c * WM + i * 64 + 16 * warp + lane / 4 + 8 * h;
+                        if (row >= M) continue;
+                        float v0 = d[i][4 * j + 2 * h] + b0, v1 = d[i][4 * j + 2 * h + 1] + b1;
+                        if constexpr (RELU) {
+                            v0 = relu_f(v0);
+                            v1 = relu_f(v1);
+                        }
+                        u16* out = C + (i64)row * N + col;
+                        if (C_PAIRS && col + 1 < N) {
+                            *reinterpret_cast<u32*>(out) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                        } else {
+                            out[0] = E::store(v0);
+                            if (col + 1 < N) out[1] = E::store(v1);
+                        }
                     }
                 }
             }
@@ -342,6 +357,6 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
 // The defaults' neighbours: 128 x 256 with two consumers (nn, bias + ReLU), 128 x 128 with one (tn).
 template __global__ void matmul_wgmma_kernel<DT_FP16, 128, 256, 4, 2, 8, 1, 0, 1, 1, 1>(
     const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const u16*, u16*, int, int, int);
-template __global__ void matmul_wgmma_kernel<DT_BF16, 128, 128, 5, 1, 8, 0, 0, 0, 0, 1>(
+template __global__ void matmul_wgmma_kernel<DT_BF16, 128, 128, 4, 1, 8, 0, 0, 0, 0, 1>(
     const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const u16*, u16*, int, int, int);
 #endif

@@ -161,9 +161,10 @@ def _sm90() -> bool:
 
 sm90 = pytest.mark.skipif(not _sm90(), reason="the wgmma kernel runs on sm_90 only")
 
-# Ragged everywhere: M and N not multiples of any tile, K with a tail after its 64-wide slices, one
-# row, one column, K = 8 (a single partial slice), and a square one larger than the tiles.
-GPU_SHAPES = [(1, 72, 96), (77, 1, 200), (130, 264, 8), (257, 190, 784), (1000, 1000, 1000)]
+# Ragged everywhere the TMA allows (each stored row a multiple of 16 bytes, so M, N and K multiples
+# of 8 or 1): M and N not multiples of any tile, K with a tail after its 64-wide slices, one row,
+# one column, K = 8 (a single partial slice), and grids of more tiles than blocks (persistence).
+GPU_SHAPES = [(1, 72, 96), (72, 1, 200), (136, 264, 8), (264, 200, 784), (1000, 1000, 1000), (1024, 2056, 520)]
 GPU_CONFIGS = [
     {"BLOCK_M": 128, "BLOCK_N": 256, "num_warps": 8, "num_stages": 4},  # two consumers, one slab each
     {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},  # one consumer, two slabs
