@@ -217,6 +217,23 @@ def gemms_section(gpu: str) -> list[str]:
     return lines
 
 
+def wgmma_section(gpu: str) -> list[str]:
+    """The CUDA twin's Hopper matmul, step by step against cuBLAS (experiments.bench_wgmma)."""
+    path = RESULTS / f"wgmma_{gpu}.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    wide = df.pivot_table(index=["step", "label"], columns=["size", "dtype"], values="vs_cublas", sort=False)
+    table = pd.DataFrame({"step": [label for _, label in wide.index]})
+    for size, dtype in wide.columns:
+        table[f"{size}³ {dtype}"] = [f"{v:.2f}" for v in wide[(size, dtype)]]
+    cublas = df[df.label == "cuBLAS"]
+    return [f"### CUDA matmul on Hopper: wgmma + TMA ({_provenance(df)})", "",
+            f"`python -m experiments.bench_wgmma` — speed against cuBLAS (1.00), median of {int(df.runs.max())} runs, "
+            "L2 flushed; cuBLAS: " + ", ".join(f"{r.size}³ {r.dtype} {r.tflops:.0f} TFLOP/s" for r in cublas.itertuples())
+            + ".", "", _table(table), ""]
+
+
 def tuning_section(gpu: str, target: str) -> list[str]:
     # The committed copy of a tuning run (experiments/<target>/ itself is run output, not committed).
     path = RESULTS / f"tuning_{target}" / "trials.csv"
@@ -237,7 +254,7 @@ def tuning_section(gpu: str, target: str) -> list[str]:
 
 
 def render(gpu: str, target: str) -> str:
-    lines = kernels_section(gpu) + tuning_section(gpu, target) + gemms_section(gpu) + compare_section(gpu)
+    lines = kernels_section(gpu) + wgmma_section(gpu) + tuning_section(gpu, target) + gemms_section(gpu) + compare_section(gpu)
     if not lines:
         lines = ["No results yet: run the experiments on a GPU (see above)."]
     return "\n".join([BEGIN, "", *lines, END])

@@ -172,3 +172,11 @@ def test_two_comparisons_writing_one_csv_keep_each_others_rows(tmp_path):
     by_variant = {r["variant"]: r for r in compare.existing_rows(path)}
     assert set(by_variant) == {"torch-eager", "cuda-tuned"} and float(by_variant["cuda-tuned"]["median_step_us"]) == 90.0
     assert len(merged) == 2 and float(by_variant["cuda-tuned"]["speedup_vs_torch_eager"]) == 1000.0 / 90.0
+
+
+def test_bench_wgmma_needs_a_gpu(monkeypatch, capsys):
+    from experiments import bench_wgmma
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_wgmma.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
