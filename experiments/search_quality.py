@@ -25,6 +25,7 @@
    tuner's default sampler meets the bar (>= 95% of seeds, median <= 5% of the grid).
 
     python -m experiments.search_quality --full-grid                # measure + replay (GPU)
+    python -m experiments.search_quality --full-grid --measure-only # measure only (GPU)
     python -m experiments.search_quality --grid-csv FILE            # replay only (any machine)
 """
 from __future__ import annotations
@@ -69,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grid-csv", type=Path, help="replay this measured grid (or its _runs.csv) instead of measuring one")
     p.add_argument("--full-grid", action="store_true", help="measure every valid config (default: a sample of --max-configs)")
     p.add_argument("--max-configs", type=int, default=300, help="configs measured per shape without --full-grid")
+    p.add_argument("--measure-only", action="store_true", help="measure the grid and stop: replay it later, "
+                   "on any machine, with --grid-csv (the replay is CPU work, no use of GPU time)")
     p.add_argument("--repeats", type=int, default=3, help="timings per config; the median is kept (default 3)")
     p.add_argument("--grid-seconds", type=float, help="stop measuring after this long; a rerun resumes "
                    "(default: 150 for a sample, no limit with --full-grid)")
@@ -92,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not 0 < args.budget <= 1:
         p.error("--budget must be a share of the grid in (0, 1]")
+    if args.grid_csv and args.measure_only:
+        p.error("--measure-only measures a grid; --grid-csv replays one: pass one of them")
     if args.grid_csv and not args.grid_csv.is_file():
         p.error(f"--grid-csv {args.grid_csv}: no such file")
     if args.grid_seconds is None:
@@ -313,6 +318,8 @@ def main(argv=None) -> int:
     else:
         label = args.label or device_slug() + ("_full" if args.full_grid else "")
         grid, tunables = measure_grid(args, args.out / f"search_quality_grid_{label}.csv"), space_tunables
+        if args.measure_only:
+            return 0
     curves, seeds = run_replays(grid, tunables, args.samplers, args.seeds, args.budget)
     if seeds.empty:
         print("search_quality: error: no shape has a config that ran", file=sys.stderr)

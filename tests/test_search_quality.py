@@ -47,32 +47,6 @@ def test_a_replay_with_budget_for_the_whole_grid_finds_its_best(rng):
     assert curve[-1] == grid["time_ms"].min()
 
 
-def test_tpe_qmc_starts_on_the_sobol_points_and_then_hands_over():
-    values = {"A": list(range(4)), "B": list(range(4)), "C": list(range(2))}
-    firsts = []
-    for name in ("qmc", "tpe-qmc"):
-        study = optuna.create_study(sampler=studies.make_sampler(name, 5, values))
-        for _ in range(studies.QMC_START + 4):
-            trial = study.ask()
-            config = {n: trial.suggest_int(f"{n}#index", 0, len(v) - 1) for n, v in values.items()}
-            study.tell(trial, float(sum(config.values())))
-        firsts.append([t.params for t in study.trials])
-    assert firsts[0][:studies.QMC_START] == firsts[1][:studies.QMC_START]
-    assert firsts[0][studies.QMC_START:] != firsts[1][studies.QMC_START:]
-
-
-def test_tpe_constrained_marks_invalid_suggestions_infeasible():
-    values = {"B": [1, 2, 3, 4]}
-    study = optuna.create_study(sampler=studies.make_sampler("tpe-constrained", 0, values))
-    runner = studies.StudyRunner(study, studies.SpaceView(None, values, [{"B": 1}, {"B": 2}], 4), 2,
-                                 check=lambda c: None if c["B"] < 3 else "B >= 3 breaks a rule",
-                                 make_row=lambda config, result, number: {}, ordinal=True)
-    while (candidate := runner.next_candidate()) is not None:
-        runner.complete(candidate, {"status": "ok", "time_ms": 1.0})
-    constraints = {t.user_attrs["status"]: t.system_attrs["constraints"] for t in study.trials}
-    assert constraints["ok"] == (0.0,) and constraints.get("invalid", (1.0,)) == (1.0,)
-
-
 def test_the_tuner_runs_the_default_sampler_without_a_sampler_flag():
     assert search.parse_args([]).sampler == studies.DEFAULT_SAMPLER in studies.SAMPLERS
 
@@ -132,7 +106,7 @@ def test_the_full_grid_is_timed_repeats_times_and_a_rerun_measures_only_what_is_
     assert sq.main([*argv, "--repeats", "2"]) in (0, 1)  # 1: the bar missed on a random table
     valid = len(studies.view_space(sq.backends.space("fake", "matmul", "fp32"), sq.TARGETS["cpu"], 2).valid)
     assert FakePool.calls == 2 * 2 * valid
-    sq.main([*argv, "--repeats", "3"])
+    assert sq.main([*argv, "--repeats", "3", "--measure-only"]) == 0
     assert FakePool.calls == 3 * 2 * valid  # the third repeat only
     runs = pd.read_csv(tmp_path / "search_quality_grid_fake_runs.csv")
     assert len(runs) == 3 * 2 * valid and sorted(runs["repeat"].unique()) == [0, 1, 2]
@@ -161,6 +135,7 @@ def test_the_replay_reads_a_grid_timed_once_that_lacks_a_tunable(tmp_path, rng, 
     (["--samplers", "tpe,bogus"], "unknown bogus"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--grid-csv", "/nonexistent.csv"], "no such file"),
+    (["--grid-csv", "/nonexistent.csv", "--measure-only"], "pass one of them"),
 ])
 def test_bad_flags_are_refused_with_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
