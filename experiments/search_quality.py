@@ -57,6 +57,7 @@ BUDGET_SHARE = 0.10  # a seed succeeds if it gets within 3% in this share of the
 BAR_SEEDS, BAR_MEDIAN = 0.95, 0.05  # the bar: that often, and a median within this share
 CHECKPOINTS = (20, 45, 90)  # trials after which the best found is reported
 MIN_TRIALS = max(CHECKPOINTS)
+YTICKS = (1.0, 1.03, 1.1, 1.25, 1.5, 2.0)
 PER_TIMING = ("repeat", "status", "error", "time_ms", "time_p20_ms", "time_p80_ms")  # replaced by the aggregate
 
 
@@ -363,6 +364,8 @@ def plot(curves: pd.DataFrame, seeds: pd.DataFrame, path: str) -> None:
         ax.axvline(BUDGET_SHARE * n, color="grey", linestyle=":", label=f"{BUDGET_SHARE:.0%} of the {n}-config grid")
         ax.set(title=f"matmul {shape}", xlabel="distinct configs measured",
                ylabel="best so far / grid best (median, 10-90% band)", yscale="log", ylim=(0.99, 2.0))
+        ax.set_yticks(YTICKS, [f"{t:g}" for t in YTICKS])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
