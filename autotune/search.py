@@ -46,7 +46,7 @@ DEFAULT_TRIALS = 50
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
 SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
-               "sampler": "tpe", "storage": None}  # storage: OUT/tuning.db
+               "sampler": studies.DEFAULT_SAMPLER, "storage": None}  # storage: OUT/tuning.db
 
 
 def _seconds(text: str) -> float:

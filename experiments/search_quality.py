@@ -1,27 +1,38 @@
 """How good is the tuner's search? Samplers against the exhaustive grid, for matmul.
 
-1. Measure the grid once (on the GPU; the only step that needs one): every
-   config of the target-pruned space -- a deterministic sample when it has more
-   than --max-configs, said so -- at each shape, through the tuner's own
-   worker pool (so the numbers are what the tuner sees), within --grid-seconds.
-   -> experiments/results/search_quality_grid_<gpu>.csv, with provenance.
-2. Replay each sampler offline against that table, through the tuner's own
-   ask/check/tell loop: the objective looks up the measured time; configs that
-   failed or were not measured count as failed/invalid, as in a real search.
-   -> experiments/results/search_quality_<gpu>.csv (shape, sampler, seed,
-   trial, best_so_far_ms) and search_quality_<gpu>.png.
-3. Print whether TPE gets within 3% of the grid's best within 15% of the
-   grid's evaluations (median over seeds).
+1. Measure the grid (on the GPU; the only step that needs one): every config of
+   the target-pruned space with --full-grid, else a deterministic sample of
+   --max-configs, at each shape, through the tuner's own worker pool (so the
+   numbers are what the tuner sees), each timed --repeats times, the repeats of
+   one config apart in time. Every timing is appended as it ends to
+   search_quality_grid_<label>_runs.csv, and a rerun measures only what that
+   file lacks, so a run cut short (--grid-seconds, a kill) resumes. Then
+   search_quality_grid_<label>.csv: a row per config, time_ms the median of its
+   repeats, time_min_ms/time_max_ms/time_spread ((max - min) / median) and
+   repeats beside it.
+2. Replay each sampler offline against that table (--grid-csv reads either file,
+   or an older table timed once), through the tuner's own ask/check/tell loop:
+   the objective looks up the measured time; configs that failed or were not
+   measured count as failed/invalid, as in a real search. A trial is a distinct
+   config measured: the tuner never measures one twice.
+   -> search_quality_<label>.csv (shape, sampler, seed, trial, best_so_far_ms),
+   search_quality_<label>_seeds.csv (per seed: distinct configs until within 3%
+   and 1% of the grid's best, best found after 20/45/90 trials),
+   search_quality_<label>_summary.csv and search_quality_<label>.png (best so
+   far vs trials, median and 10th-90th percentile band over seeds).
+3. Print per sampler and shape: the median configs to within 3% and 1%, the
+   share of seeds within 3% in a budget of 10% of the grid, and whether the
+   tuner's default sampler meets the bar (>= 95% of seeds, median <= 5% of the grid).
 
-    python -m experiments.search_quality                     # measure + replay (GPU)
-    python -m experiments.search_quality --grid-csv FILE     # replay only (any machine)
+    python -m experiments.search_quality --full-grid                # measure + replay (GPU)
+    python -m experiments.search_quality --full-grid --measure-only # measure only (GPU)
+    python -m experiments.search_quality --grid-csv FILE            # replay only (any machine)
 """
 from __future__ import annotations
 
 import argparse
 import math
 import random
-import statistics
 import sys
 import threading
 import time
@@ -32,33 +43,66 @@ import pandas as pd
 from tqdm import tqdm
 
 from autotune import studies
-from kernels_core import backends
 from autotune.evaluate import Evaluator
-from kernels_core.provenance import device_slug, provenance
 from autotune.targets import TARGETS, resolve_target
+from autotune.trials_csv import TrialsCsv, columns
 from autotune.workload import Call, parse_shapes
+from kernels_core import backends
 from kernels_core.contract import DTYPES
+from kernels_core.provenance import device_slug, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WITHIN, GRID_SHARE = 0.03, 0.15
+WITHIN = (0.03, 0.01)  # reach targets: within 3% and 1% of the grid's best
+BUDGET_SHARE = 0.10  # a seed succeeds if it gets within 3% in this share of the grid
+BAR_SEEDS, BAR_MEDIAN = 0.95, 0.05  # the bar: that often, and a median within this share
+CHECKPOINTS = (20, 45, 90)  # trials after which the best found is reported
+MIN_TRIALS = max(CHECKPOINTS)
+YTICKS = (1.0, 1.03, 1.1, 1.25, 1.5, 2.0)
+PER_TIMING = ("repeat", "status", "error", "time_ms", "time_p20_ms", "time_p80_ms")  # replaced by the aggregate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m experiments.search_quality", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="triton")
     p.add_argument("--dtype", default="fp16", choices=list(DTYPES))
     p.add_argument("--shapes", default="128x1024x784:nn,4096x4096x4096:nn", help="matmul MxNxK[:layout], comma-separated")
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
-    p.add_argument("--grid-csv", type=Path, help="replay this measured grid instead of measuring one")
-    p.add_argument("--max-configs", type=int, default=300, help="configs measured per shape at most (sampled beyond)")
-    p.add_argument("--grid-seconds", type=float, default=150.0, help="time budget for measuring the whole grid")
+    p.add_argument("--grid-csv", type=Path, help="replay this measured grid (or its _runs.csv) instead of measuring one")
+    p.add_argument("--full-grid", action="store_true", help="measure every valid config (default: a sample of --max-configs)")
+    p.add_argument("--max-configs", type=int, default=300, help="configs measured per shape without --full-grid")
+    p.add_argument("--measure-only", action="store_true", help="measure the grid and stop: replay it later, "
+                   "on any machine, with --grid-csv (the replay is CPU work, no use of GPU time)")
+    p.add_argument("--repeats", type=int, default=3, help="timings per config; the median is kept (default 3)")
+    p.add_argument("--grid-seconds", type=float, help="stop measuring after this long; a rerun resumes "
+                   "(default: 150 for a sample, no limit with --full-grid)")
     p.add_argument("--workers", type=int, default=8, help="worker processes compiling in parallel")
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--samplers", default="tpe,random,grid,cmaes", help="cmaes falls back to gp without the cmaes package")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--budget", type=float, default=0.3, help="trials per replay, as a share of the grid")
+    p.add_argument("--samplers", default=f"{studies.DEFAULT_SAMPLER},random",
+                   help=f"comma-separated, of {', '.join(studies.SAMPLERS)} (default: the tuner's default and random)")
+    p.add_argument("--seeds", type=int, default=100)
+    p.add_argument("--budget", type=float, default=0.3,
+                   help=f"trials per replay, as a share of the grid (at least {MIN_TRIALS})")
+    p.add_argument("--label", help="names the outputs (default: the GPU's name, plus _full with --full-grid; "
+                   "with --grid-csv, the grid's)")
     p.add_argument("--out", type=Path, default=RESULTS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    unknown = [s for s in args.samplers if s not in studies.SAMPLERS]
+    if unknown or not args.samplers:
+        p.error(f"--samplers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(studies.SAMPLERS)}")
+    for flag in ("repeats", "seeds", "max_configs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if not 0 < args.budget <= 1:
+        p.error("--budget must be a share of the grid in (0, 1]")
+    if args.grid_csv and args.measure_only:
+        p.error("--measure-only measures a grid; --grid-csv replays one: pass one of them")
+    if args.grid_csv and not args.grid_csv.is_file():
+        p.error(f"--grid-csv {args.grid_csv}: no such file")
+    if args.grid_seconds is None:
+        args.grid_seconds = math.inf if args.full_grid else 150.0
+    return args
 
 
 # -- 1. the grid ----------------------------------------------------------------------
@@ -66,33 +110,55 @@ def parse_args(argv=None) -> argparse.Namespace:
 def measure_grid(args, path: Path) -> pd.DataFrame:
     target = resolve_target(args.target, compile_only=False)
     space = backends.space(args.backend, "matmul", args.dtype)
-    elt = DTYPES[args.dtype].itemsize
-    view = studies.view_space(space, target, elt)
-    configs = view.valid
-    if len(configs) > args.max_configs:
+    tunables = list(space.params)
+    configs = studies.view_space(space, target, DTYPES[args.dtype].itemsize).valid
+    if not args.full_grid and len(configs) > args.max_configs:
         picked = sorted(random.Random(0).sample(range(len(configs)), args.max_configs))
         print(f"grid: {len(configs)} valid configs on {target.name}; measuring a deterministic sample of "
-              f"{len(picked)} per shape (--max-configs)")
+              f"{len(picked)} per shape (--max-configs; --full-grid measures all)")
         configs = [configs[i] for i in picked]
-    shapes = parse_shapes(args.shapes)
+    runs_path = path.with_name(f"{path.stem}_runs.csv")
+    done = set()
+    if runs_path.exists():
+        runs = pd.read_csv(runs_path)
+        done = {(r["shape"], studies.config_key({t: int(r[t]) for t in tunables}), int(r["repeat"]))
+                for _, r in runs.iterrows()}
+    # Repeat-major: the timings of one config lie a whole pass apart, so a drift of the
+    # GPU's clocks or temperature shows in the spread instead of hiding in the median.
+    todo = [(repeat, Call("matmul", args.dtype, shape, layout), c) for repeat in range(args.repeats)
+            for shape, layout in parse_shapes(args.shapes) for c in configs]
+    todo = [job for job in todo if (job[1].key, studies.config_key(job[2]), job[0]) not in done]
+    print(f"grid: {len(configs)} configs x {len(parse_shapes(args.shapes))} shapes x {args.repeats} repeats; "
+          f"{len(todo)} timings to go, the rest in {runs_path}")
+    if todo:
+        _measure(args, target, todo, TrialsCsv(runs_path, columns([*tunables, "repeat"])))
+    table = aggregate(pd.read_csv(runs_path), tunables)
+    table.to_csv(path, index=False)
+    print(f"grid: wrote {path}")
+    return table
+
+
+def _measure(args, target, todo: list, csv: TrialsCsv) -> None:
     pool = Evaluator(target.name, args.workers, args.timeout, RESULTS.parent / "logs" / "search_quality",
                      bench={"reps": 30, "max_seconds": 0.3})
-    prov, rows, lock = provenance(), [], threading.Lock()
+    prov, lock = provenance(), threading.Lock()
     deadline = time.monotonic() + args.grid_seconds
-    bar = tqdm(total=len(configs) * len(shapes), unit="config", desc="grid", file=sys.stderr)
-    todo = [(Call("matmul", args.dtype, shape, layout), c) for shape, layout in shapes for c in configs]
+    bar = tqdm(total=len(todo), unit="timing", desc="grid", file=sys.stderr)
+    todo = list(reversed(todo))  # popped from the end
 
     def drain(index: int) -> None:
         while time.monotonic() < deadline:
             with lock:
                 if not todo:
                     return
-                call, config = todo.pop(0)
-            result = pool.evaluate(index, call, args.backend, config, seed=len(todo))
+                repeat, call, config = todo.pop()
+                seed = len(todo)
+            result = pool.evaluate(index, call, args.backend, config, seed=seed)
+            csv.append({**prov, "target": target.name, "op": "matmul", "backend": args.backend, "dtype": args.dtype,
+                        "shape": call.key, **config, "repeat": repeat, "status": result["status"],
+                        "error": result.get("error"), "gpu": result.get("gpu"), "study": "search_quality",
+                        **{k: result.get(k) for k in ("time_ms", "time_p20_ms", "time_p80_ms", "compile_s")}})
             with lock:
-                rows.append({**prov, "target": target.name, "backend": args.backend, "dtype": args.dtype,
-                             "shape": call.key, **config, "status": result["status"], "error": result.get("error"),
-                             "time_ms": result.get("time_ms"), "compile_s": result.get("compile_s")})
                 bar.update(1)
 
     threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(pool))]
@@ -101,20 +167,50 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     for t in threads:
         t.join()
     pool.close()
+    csv.close()
     bar.close()
     if todo:
-        print(f"grid: --grid-seconds ran out; {len(todo)} configs not measured (left out of the replay)")
-    table = pd.DataFrame(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(path, index=False)
-    print(f"grid: wrote {path}")
-    return table
+        print(f"grid: --grid-seconds ran out with {len(todo)} timings to go; run the same command again to resume")
+
+
+def aggregate(runs: pd.DataFrame, tunables: list[str]) -> pd.DataFrame:
+    """A row per (shape, config): ok only if every repeat ran, time_ms the median of the repeats."""
+    keys = ["shape", *[t for t in tunables if t in runs.columns]]
+    rows = []
+    for key, part in runs.groupby(keys, sort=False):
+        ok = part[part["status"] == "ok"]["time_ms"]
+        failed = part[part["status"] != "ok"]
+        first = part.iloc[0]
+        median = ok.median() if len(ok) else None
+        rows.append({**{c: first[c] for c in part.columns if c not in PER_TIMING},
+                     **dict(zip(keys, key)), "status": failed["status"].iloc[0] if len(failed) else "ok",
+                     "error": failed["error"].iloc[0] if len(failed) else None, "time_ms": median,
+                     "time_min_ms": ok.min() if len(ok) else None, "time_max_ms": ok.max() if len(ok) else None,
+                     "time_spread": (ok.max() - ok.min()) / median if len(ok) else None, "repeats": len(ok)})
+    return pd.DataFrame(rows).dropna(axis=1, how="all")  # the trials.csv columns a grid leaves empty
+
+
+def load_grid(path: Path, tunables: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """A grid table (a _runs.csv is aggregated first) and the space's tunables it has: a grid
+    measured before a tunable was added ran that tunable's default throughout."""
+    grid = pd.read_csv(path)
+    missing = {"shape", "status", "time_ms"} - set(grid.columns)
+    if missing:
+        raise SystemExit(f"search_quality: error: --grid-csv {path}: no {', '.join(sorted(missing))} column; "
+                         "is it a grid written by this script?")
+    have = [t for t in tunables if t in grid.columns]
+    if len(have) < len(tunables):
+        print(f"{path.name}: no {', '.join(t for t in tunables if t not in have)} column (measured before it "
+              "existed): replaying over the tunables it has")
+    if "repeat" in grid.columns:
+        grid = aggregate(grid, have)
+    return grid, have
 
 
 # -- 2. the replay --------------------------------------------------------------------
 
 def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, budget: int) -> list[float]:
-    """Best time so far after each counted trial of one sampler run."""
+    """Best time so far after each distinct config measured by one sampler run."""
     times = {studies.config_key({t: int(r[t]) for t in tunables}): (r["time_ms"] if r["status"] == "ok" else None)
              for _, r in grid.iterrows()}
     valid = [dict(k) for k in times]
@@ -136,77 +232,144 @@ def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, bud
     return curve
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    if "cmaes" in samplers:
-        try:
-            studies.make_sampler("cmaes", 0, {})
-        except studies.SearchError:
-            print("cmaes is not installed: using gp instead")
-            samplers[samplers.index("cmaes")] = "gp"
-    if args.grid_csv:
-        grid = pd.read_csv(args.grid_csv)
-        stem = args.grid_csv.stem
-        slug = stem[len("search_quality_grid_"):] if stem.startswith("search_quality_grid_") else stem
-    else:
-        slug = device_slug()
-        grid = measure_grid(args, args.out / f"search_quality_grid_{slug}.csv")
-    tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
-    records, verdicts = [], []
-    for shape, part in grid.groupby("shape", sort=False):
+def seed_figures(curve: list[float], grid_best: float) -> dict:
+    """Distinct configs until within each WITHIN of the grid's best (NaN: never), and the best
+    found after each checkpoint as a ratio to the grid's best (a run that measured the
+    whole grid before a checkpoint keeps its last best)."""
+    out = {}
+    for share in WITHIN:
+        hit = next((i + 1 for i, b in enumerate(curve) if b <= grid_best * (1 + share)), math.nan)
+        out[f"to_{share:.0%}"] = hit
+    for k in CHECKPOINTS:
+        out[f"best_at_{k}"] = curve[min(k, len(curve)) - 1] / grid_best if curve else math.nan
+    return out
+
+
+def summarize(seeds: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and sampler: medians over seeds (a seed that never got there counts as
+    infinitely many trials), the share of seeds within 3% in the 10% budget, and the bar."""
+    rows = []
+    for (shape, sampler), part in seeds.groupby(["shape", "sampler"], sort=False):
+        n = int(part["grid_configs"].iloc[0])
+        budget = math.floor(BUDGET_SHARE * n)
+        row = {"shape": shape, "sampler": sampler, "seeds": len(part), "grid_configs": n, "budget_10pct": budget}
+        for share in WITHIN:
+            reach = part[f"to_{share:.0%}"].fillna(math.inf)
+            row[f"median_to_{share:.0%}"] = reach.median()
+            row[f"success_{share:.0%}_in_budget"] = (reach <= budget).mean()
+        for k in CHECKPOINTS:
+            row[f"median_best_at_{k}"] = part[f"best_at_{k}"].median()
+        row["meets_bar"] = bool(row["success_3%_in_budget"] >= BAR_SEEDS and row["median_to_3%"] <= BAR_MEDIAN * n)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_replays(grid: pd.DataFrame, tunables: list[str], samplers: list[str], n_seeds: int,
+                budget_share: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    curves, seeds = [], []
+    shapes = [(shape, part) for shape, part in grid.groupby("shape", sort=False)]
+    bar = tqdm(total=len(shapes) * len(samplers) * n_seeds, unit="run", desc="replay", file=sys.stderr)
+    for shape, part in shapes:
         ok = part[part["status"] == "ok"]
         if ok.empty:
             print(f"{shape}: no config ran; nothing to replay")
+            bar.update(len(samplers) * n_seeds)
             continue
         grid_best, n = ok["time_ms"].min(), len(part)
-        budget = max(10, math.ceil(args.budget * n))
-        reach: list[float] = []
+        budget = max(MIN_TRIALS, math.ceil(budget_share * n))
         for sampler in samplers:
-            for seed in range(args.seeds):
+            for seed in range(n_seeds):
                 curve = replay(part, tunables, sampler, seed, budget)
-                records += [{"shape": shape, "sampler": sampler, "seed": seed, "trial": i + 1, "best_so_far_ms": b}
-                            for i, b in enumerate(curve)]
-                if sampler == "tpe":
-                    hit = next((i + 1 for i, b in enumerate(curve) if b <= grid_best * (1 + WITHIN)), math.inf)
-                    reach.append(hit)
-        if reach:
-            median = statistics.median(reach)
-            ok_verdict = median <= GRID_SHARE * n
-            verdicts.append(ok_verdict)
-            print(f"{shape}: grid of {n} configs, best {grid_best:.4g} ms. TPE gets within {WITHIN:.0%} in a median "
-                  f"of {median} trials ({median / n:.0%} of the grid) over {args.seeds} seeds: "
-                  f"{'yes' if ok_verdict else 'no'} (<= {GRID_SHARE:.0%} needed)")
-    curves = pd.DataFrame(records)
+                curves += [{"shape": shape, "sampler": sampler, "seed": seed, "trial": i + 1, "best_so_far_ms": b}
+                           for i, b in enumerate(curve)]
+                seeds.append({"shape": shape, "sampler": sampler, "seed": seed, "grid_configs": n,
+                              "grid_best_ms": grid_best, **seed_figures(curve, grid_best)})
+                bar.update(1)
+    bar.close()
+    return pd.DataFrame(curves), pd.DataFrame(seeds)
+
+
+def report(summary: pd.DataFrame) -> None:
+    for _, r in summary.iterrows():
+        n = r["grid_configs"]
+        reach = "; ".join(f"within {s:.0%}: median {_trials(r[f'median_to_{s:.0%}'], n)}, "
+                          f"{r[f'success_{s:.0%}_in_budget']:.0%} of seeds in {r['budget_10pct']}" for s in WITHIN)
+        best = ", ".join(f"{r[f'median_best_at_{k}']:.3f}" for k in CHECKPOINTS)
+        print(f"{r['shape']} {r['sampler']:>15} ({r['seeds']} seeds, grid {n}): {reach}; "
+              f"best/grid best after {'/'.join(map(str, CHECKPOINTS))} trials {best}")
+
+
+def _trials(median: float, n: int) -> str:
+    return "never" if math.isinf(median) else f"{median:g} ({median / n:.1%})"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for sampler in args.samplers:
+        try:
+            studies.make_sampler(sampler, 0, {})
+        except studies.SearchError as exc:
+            print(f"search_quality: error: {exc}", file=sys.stderr)
+            return 2
+    space_tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
+    if args.grid_csv:
+        grid, tunables = load_grid(args.grid_csv, space_tunables)
+        stem = args.grid_csv.stem.removeprefix("search_quality_grid_").removesuffix("_runs")
+        label = args.label or stem
+    else:
+        label = args.label or device_slug() + ("_full" if args.full_grid else "")
+        grid, tunables = measure_grid(args, args.out / f"search_quality_grid_{label}.csv"), space_tunables
+        if args.measure_only:
+            return 0
+    curves, seeds = run_replays(grid, tunables, args.samplers, args.seeds, args.budget)
+    if seeds.empty:
+        print("search_quality: error: no shape has a config that ran", file=sys.stderr)
+        return 1
+    summary = summarize(seeds)
     args.out.mkdir(parents=True, exist_ok=True)
-    curves.to_csv(args.out / f"search_quality_{slug}.csv", index=False)
-    plot(curves, grid, args.out / f"search_quality_{slug}.png")
-    print(f"wrote {args.out / f'search_quality_{slug}.csv'} and .png")
-    return 0 if verdicts and all(verdicts) else 1
+    stem = args.out / f"search_quality_{label}"
+    curves.to_csv(f"{stem}.csv", index=False, float_format="%.6g")
+    seeds.to_csv(f"{stem}_seeds.csv", index=False, float_format="%.6g")
+    summary.to_csv(f"{stem}_summary.csv", index=False, float_format="%.6g")
+    plot(curves, seeds, f"{stem}.png")
+    report(summary)
+    print(f"wrote {stem}.csv, _seeds.csv, _summary.csv and .png")
+    default = summary[summary["sampler"] == studies.DEFAULT_SAMPLER]
+    if not default.empty:
+        meets = bool(default["meets_bar"].all())
+        print(f"the default sampler ({studies.DEFAULT_SAMPLER}) {'meets' if meets else 'misses'} the bar on every "
+              f"shape: within {WITHIN[0]:.0%} in >= {BAR_SEEDS:.0%} of seeds with {BUDGET_SHARE:.0%} of the grid, "
+              f"median <= {BAR_MEDIAN:.0%}")
+        return 0 if meets else 1
+    return 0
 
 
-def plot(curves: pd.DataFrame, grid: pd.DataFrame, path: Path) -> None:
+def plot(curves: pd.DataFrame, seeds: pd.DataFrame, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = list(curves["shape"].unique())
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
+    shapes = list(seeds["shape"].unique())
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
-        part = grid[(grid["shape"] == shape) & (grid["status"] == "ok")]
-        best = part["time_ms"].min()
-        for sampler, runs in curves[curves["shape"] == shape].groupby("sampler"):
-            median = runs.groupby("trial")["best_so_far_ms"].median() / best
-            ax.plot(median.index, median.values, label=sampler)
-        n = (grid["shape"] == shape).sum()
-        ax.axhline(1 + WITHIN, color="grey", linestyle="--", label=f"grid best +{WITHIN:.0%}")
-        ax.axvline(GRID_SHARE * n, color="grey", linestyle=":", label=f"{GRID_SHARE:.0%} of the {n}-config grid")
-        ax.set(title=f"matmul {shape}", xlabel="trials", ylabel="best so far / grid best (median of seeds)",
-               ylim=(0.98, min(3.0, ax.get_ylim()[1])))
-        ax.legend()
+        mine = seeds[seeds["shape"] == shape]
+        best, n = mine["grid_best_ms"].iloc[0], int(mine["grid_configs"].iloc[0])
+        for sampler, runs in curves[curves["shape"] == shape].groupby("sampler", sort=False):
+            ratio = runs.assign(r=runs["best_so_far_ms"] / best).groupby("trial")["r"]
+            line, = ax.plot(ratio.median().index, ratio.median().values, label=f"{sampler} ({runs['seed'].nunique()} seeds)")
+            ax.fill_between(ratio.median().index, ratio.quantile(0.1).values, ratio.quantile(0.9).values,
+                            color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.axhline(1 + WITHIN[0], color="grey", linestyle="--", label=f"grid best +{WITHIN[0]:.0%}")
+        ax.axvline(BUDGET_SHARE * n, color="grey", linestyle=":", label=f"{BUDGET_SHARE:.0%} of the {n}-config grid")
+        ax.set(title=f"matmul {shape}", xlabel="distinct configs measured",
+               ylabel="best so far / grid best (median, 10-90% band)", yscale="log", ylim=(0.99, 2.0))
+        ax.set_yticks(YTICKS, [f"{t:g}" for t in YTICKS])
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
