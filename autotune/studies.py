@@ -61,7 +61,7 @@ from kernels_core.space import Space
 
 OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
 SAMPLERS = ("tpe", "tpe-startup20", "tpe-ei64", "qmc", "random", "grid", "cmaes", "gp")
-# The replay of the H200 table picked it (ISSUE16_NOTES.md): within seed noise of plain tpe, but
+# The replay of the H200 table picked it (experiments/NOTES.md, section 15): within seed noise of plain tpe, but
 # the most seeds within 3% in 10% of the grid, and the fewest configs to get there, at both shapes.
 DEFAULT_SAMPLER = "tpe-ei64"
 ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
