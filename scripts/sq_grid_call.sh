@@ -2,13 +2,13 @@
 # Issue 16's full grids on the H200, resumable across calls: every valid config of the Triton fp16
 # matmul timed 3 times (experiments.search_quality --full-grid). Carry the runs file of earlier
 # calls as experiments/runs/sq/ (it resumes from it); the CSVs come back under $OUT.
-# Usage: bash scripts/sq_grid_call.sh SECONDS [SHAPES]
+# Usage: bash scripts/sq_grid_call.sh SECONDS [more search_quality arguments: --shapes, --backend, --label ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
 mkdir -p experiments/runs/sq
 timeout -s KILL $(($1 + 60)) python3 -m experiments.search_quality --full-grid --repeats 3 --measure-only \
-    --grid-seconds "$1" --workers 12 ${2:+--shapes "$2"} --out experiments/runs/sq > "$OUT/sq.log" 2>&1
+    --grid-seconds "$@" --workers 12 --out experiments/runs/sq > "$OUT/sq.log" 2>&1
 echo "sq rc=$?" >> "$OUT/summary.txt"
 cp experiments/runs/sq/search_quality_grid_*.csv "$OUT/"
