@@ -13,8 +13,8 @@
 // no fragment registers for A or B, and the tensor cores run while the warps do something else.
 //
 // Roles (producer/consumer warp specialization). A block has 1 + CONSUMERS warpgroups of 128
-// threads and computes BM x BN tiles of C one after another (persistent: the host launches at
-// most one block per SM, see the kernel):
+// threads and computes BM x BN tiles of C one after another (persistent: the host launches no
+// more blocks than the SMs' shared memory holds at once, see the kernel):
 //  - warpgroup 0, the producer: one thread issues the TMA copies of each BK = 64 slice of K
 //    (A: BM x 64, B: 64 x BN) into a STAGES-deep ring of shared buffers. It gives its registers
 //    away (setmaxnreg.dec to 40), the consumers take them (setmaxnreg.inc to 232).
