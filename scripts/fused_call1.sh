@@ -2,9 +2,7 @@
 # Device call 1 of the fused step (issue 14): its GPU tests, then the default protocol at
 # H = 128 and 1024 against the torch variants, in one call. Logs and CSVs under $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 t0=$SECONDS
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fused.py > "$OUT/tests_fused.log" 2>&1

@@ -2,9 +2,7 @@
 # Device call 2 of the fused step (issue 14): a per-kernel profile of the fused and unfused steps
 # of both twins at H = 128 and 1024, then the rest of the fused step's GPU tests.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout 200 python3 -m experiments.profile_step --backends cuda,triton --hidden 128,1024 > "$OUT/profile.log" 2>&1
 echo "profile rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"

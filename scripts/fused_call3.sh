@@ -3,9 +3,7 @@
 # (H = 128, 1024; both twins), then the default protocol at H = 128, 1024, 4096 against the torch
 # variants on the new store, then a first look at the seed protocol (fp16, H = 128, 500 steps).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout 250 python3 -m autotune.search --workload mnist-mlp --ops linear_cross_entropy,linear_sgd \
     --hidden 128,1024 --dtypes fp32 --backends cuda,triton --trials 20 --workers 10 > "$OUT/tune.log" 2>&1

@@ -3,9 +3,7 @@
 # against the tuned matmul configs they borrow otherwise, alternating, graphed step times;
 # (2) the strongest torch step at H = 128 (max-autotune + graph) beside the twins, same commit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout 100 python3 - > "$OUT/ab.log" 2>&1 <<'PY'
 import json, statistics

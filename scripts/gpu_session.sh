@@ -10,15 +10,10 @@
 # below); their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS (COMPARE2_ARGS, ...),
 # QUALITY_ARGS, TEST_ARGS.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/lab-out}
 LOGS=experiments/logs
 mkdir -p "$OUT" "$LOGS"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH="$PWD:/tmp/site"
-fi
-export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOGS/gpu.txt" 2>&1
 
 run_stage() {

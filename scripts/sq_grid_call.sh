@@ -4,9 +4,7 @@
 # calls as experiments/runs/sq/ (it resumes from it); the CSVs come back under $OUT.
 # Usage: bash scripts/sq_grid_call.sh SECONDS [more search_quality arguments: --shapes, --backend, --label ...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 mkdir -p experiments/runs/sq
 timeout -s KILL $(($1 + 60)) python3 -m experiments.search_quality --full-grid --repeats 3 --measure-only \
     --grid-seconds "$@" --workers 12 --out experiments/runs/sq > "$OUT/sq.log" 2>&1

@@ -2,9 +2,7 @@
 # Device call 1 of the wgmma matmul (issue 15): a smoke launch, its GPU tests, the progression at
 # 4096^3 and 8192^3 against cuBLAS, and the CUDA-only fused GPU tests owed since session 5.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 t0=$SECONDS
 timeout -s KILL 90 python3 - > "$OUT/smoke.log" 2>&1 <<'PY'

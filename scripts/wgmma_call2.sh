@@ -2,9 +2,7 @@
 # Device call 2 of the wgmma matmul (issue 15): the persistent kernel's GPU tests, the
 # progression again (5 passes, L2 flushed) with more tiles, and the tuner's 4096^3 fp16 study.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 t0=$SECONDS
 timeout -s KILL 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_wgmma.py > "$OUT/tests_wgmma.log" 2>&1
 echo "tests_wgmma rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
