@@ -219,7 +219,7 @@ class Search:
         name = self.args.study_prefix + key
         view = studies.view_space(job.space, self.target, elt)
         sampler = studies.make_sampler(self.args.sampler, self.args.seed, view.values,
-                                       parallel=len(self.pool) > 1)
+                                       parallel=len(self.pool) > 1, valid=view.valid)
         with self.lock:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)

@@ -216,7 +216,7 @@ def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, bud
     valid = [dict(k) for k in times]
     values = {t: sorted({int(v) for v in grid[t]}) for t in tunables}
     view = studies.SpaceView(space=None, values=values, valid=valid, total=math.prod(len(v) for v in values.values()))
-    study = optuna.create_study(sampler=studies.make_sampler(sampler, seed, values), direction="minimize")
+    study = optuna.create_study(sampler=studies.make_sampler(sampler, seed, values, valid=valid), direction="minimize")
     runner = studies.StudyRunner(
         study, view, budget, check=lambda c: None if studies.config_key(c) in times else "not in the measured grid",
         make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler in studies.ORDINAL_SAMPLERS)

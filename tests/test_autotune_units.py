@@ -463,6 +463,28 @@ def test_configs_measured_under_another_prefix_are_reused(storage_url):
     assert all(t.user_attrs["row"] == first_row for t in copies)
 
 
+def test_tpe_valid_measures_only_valid_new_configs_and_chooses_through_tpe(storage_url, monkeypatch, rng):
+    """tpe-valid puts no invalid config and no repeat in the storage: nothing pruned, nothing
+    copied, every valid config measured once before the study ends; after its uniform start the
+    choice goes through TPE's acquisition (the private method it overrides: if a release of
+    Optuna renames it, this fails)."""
+    values = {"A": [1, 2, 3, 4, 5, 6], "B": [1, 2, 4, 8, 16], "C": [0, 1, 2]}
+    check = lambda c: "A * B > 24" if c["A"] * c["B"] > 24 else None
+    scored = []
+    acquisition = optuna.samplers.TPESampler._compute_acquisition_func
+    monkeypatch.setattr(optuna.samplers.TPESampler, "_compute_acquisition_func",
+                        lambda self, *args: scored.append(1) or acquisition(self, *args))
+    view = _view(values, check)
+    seed = int(torch.randint(0, 2**31, (1,), generator=rng))
+    sampler = studies.make_sampler("tpe-valid", seed, values, valid=view.valid)
+    study = optuna.create_study(storage=studies.open_storage(storage_url), sampler=sampler)
+    runner = _runner(study, len(view.valid) + 5, values, check, ordinal=True)
+    measured = _run(runner)
+    assert sorted(map(studies.config_key, measured)) == sorted(map(studies.config_key, view.valid))
+    assert runner.invalid == runner.reused == 0 and len(study.trials) == len(view.valid) == 66
+    assert runner.ended == "all 66 valid configs measured" and scored
+
+
 def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
     """A dropped trial measured nothing: the grid proposes its point next, then every other once."""
     sampler = studies.make_sampler("grid", 0, {"B": [1, 2, 3, 4, 5]})

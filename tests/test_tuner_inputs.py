@@ -287,7 +287,7 @@ def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
 
 def test_defaults_stay_what_the_help_says():
     args = search.parse_args([])
-    assert (args.hidden, args.layers, args.batch_size, args.sampler) == ((1024,), 2, 128, "tpe-ei64")
+    assert (args.hidden, args.layers, args.batch_size, args.sampler) == ((1024,), 2, 128, "tpe-valid")
     assert args.storage.startswith("sqlite:///") and args.storage.endswith("experiments/tuning.db")
 
 
