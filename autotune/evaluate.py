@@ -34,7 +34,8 @@ class Evaluator:
         """Outcome of `config` on worker `index`: status, error, times, compile figures, gpu."""
         worker, gpu = self.workers[index]
         base = {"backend": backend, "op": call.op, "dtype": call.dtype, "shape": list(call.shape),
-                "layout": call.layout, "bias": call.bias, "activation": call.activation, "device": self.device}
+                "layout": call.layout, "bias": call.bias, "activation": call.activation, "fused_arg": call.fused_arg,
+                "device": self.device}
         prepared = worker.request({"cmd": "prepare", **base, "config": config, "seed": seed}, self.timeout)
         if not prepared.get("ok"):
             return {**prepared, "gpu": gpu}

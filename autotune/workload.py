@@ -44,6 +44,10 @@ class Call:
     layout: str = ""
     bias: bool = False
     activation: str | None = None
+    # matmul's fused-step argument, "a_rows" (the batch gathered in A's loads) or "relu_grad_of"
+    # (dX masked by the layer below's ReLU): the same GEMM and store entry as the plain call, so the
+    # tuner measures the stricter one, and a config some kernel cannot run with it is never picked.
+    fused_arg: str | None = None
 
     @property
     def key(self) -> str:
@@ -51,7 +55,7 @@ class Call:
 
     def inputs(self, device, generator: torch.Generator) -> "OpInputs":
         return make_inputs(self.op, self.dtype, self.shape, self.layout, device, generator,
-                           bias=self.bias, activation=self.activation)
+                           bias=self.bias, activation=self.activation, fused_arg=self.fused_arg)
 
 
 def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None) -> list[Call]:
@@ -62,7 +66,8 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: 
     Weights are stored (in, out) row-major, so the forward pass is x @ W, the
     weight gradient h^T @ dY ("tn") and the input gradient dY @ W^T ("nt").
     The fused step's first matmul gathers the batch and its "nt" matmuls mask
-    by the ReLU: calls of the same GEMM, tuned as the plain matmul.
+    by the ReLU (Call.fused_arg): the same GEMMs as the unfused step's, which
+    `dedupe` drops in their favour.
     """
     if hidden < 1 or layers < 1 or batch < 1:
         raise ValueError(f"mnist-mlp needs hidden, layers, batch >= 1 (got {hidden}, {layers}, {batch})")
@@ -77,11 +82,13 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: 
             calls.append(Call("linear_cross_entropy", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True))
         else:
             calls.append(Call("matmul", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True,
-                              activation=None if i == last else "relu"))
+                              activation=None if i == last else "relu",
+                              fused_arg="a_rows" if i == 0 and fused else None))
     for i in range(len(dims) - 1):
         calls.append(Call("linear_sgd" if fused else "matmul", dtype, (dims[i], dims[i + 1], batch), "tn"))
         if i > 0:  # the input layer needs no gradient for its input
-            calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt"))
+            calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt",
+                              fused_arg="relu_grad_of" if fused else None))
     if not fused:
         calls += [
             Call("relu_backward", dtype, (batch, hidden)),
@@ -144,7 +151,7 @@ class OpInputs:
 
 
 def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torch.Generator, *,
-                bias: bool = False, activation: str | None = None) -> OpInputs:
+                bias: bool = False, activation: str | None = None, fused_arg: str | None = None) -> OpInputs:
     """Fresh random inputs for one call (never zeros; labels random class ids)."""
     dt = DTYPES[dtype]
 
@@ -159,6 +166,13 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
         b = randn(n, k) if trans_b else randn(k, n)
         kwargs = {"trans_a": trans_a, "trans_b": trans_b, "activation": activation,
                   "bias": randn(n) if bias else None}
+        if fused_arg == "a_rows":  # the batch's rows drawn, with repeats, from a stored set 3x its size
+            a = randn(3 * m, k)
+            kwargs["a_rows"] = torch.randint(0, 3 * m, (m,), generator=generator, device=device)
+        elif fused_arg == "relu_grad_of":  # about half the mask zero, as after a ReLU
+            kwargs["relu_grad_of"] = randn(m, n)
+        elif fused_arg is not None:
+            raise ValueError(f"fused_arg {fused_arg!r}: one of a_rows, relu_grad_of")
         return OpInputs((a, b), kwargs)
     if op == "relu":
         return OpInputs((randn(*s),), {})

@@ -74,12 +74,13 @@ def relu(x, *, out=None, config=None):
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,
-           accumulate="fp32"):
+           accumulate="fp32", a_rows=None, relu_grad_of=None):
     cfg = _resolve("matmul", config, a.element_size())
     _compile("matmul", cfg)
     # A config-dependent cost, so the search has a best config to find.
     time.sleep(1e-4 * (abs(cfg["BLOCK_M"] - 32) / 16 + abs(cfg["BLOCK_N"] - 64) / 16 + cfg["SPLIT"]))
-    y = reference.native.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b)
+    y = reference.native.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b,
+                                a_rows=a_rows, relu_grad_of=relu_grad_of)
     return y.to(a.dtype)
 
 

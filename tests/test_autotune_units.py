@@ -104,6 +104,10 @@ def test_mnist_mlp_calls():
     assert {("linear_cross_entropy", "64x10x256:nn"), ("linear_sgd", "784x256x64:tn"),
             ("linear_sgd", "256x256x64:tn"), ("linear_sgd", "256x10x64:tn")} <= set(got)
     assert len(calls) == len(got) == 8 + 5 + 4  # duplicates removed
+    # The fused step's variants of a GEMM stand for it (they are the stricter calls): the batch
+    # gathered in the first layer's A loads, dX masked by the ReLU below.
+    assert {key: c.fused_arg for (op, key), c in got.items() if c.fused_arg} == {
+        "64x256x784:nn": "a_rows", "64x256x10:nt": "relu_grad_of", "64x256x256:nt": "relu_grad_of"}
     assert len(workload.mnist_mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5 + 3
 
 
@@ -141,6 +145,25 @@ def test_inputs_are_fresh_random_and_the_reference_checks_them(op, shape, layout
     assert workload.check_result(outputs, workload.expected(op, inputs))[1] is not None
     outputs[0].view(-1)[0] = float("nan")
     assert workload.check_result(outputs, workload.expected(op, inputs)) == (float("inf"), "output 0: NaN or Inf")
+
+
+@pytest.mark.parametrize("fused_arg", ["a_rows", "relu_grad_of"])
+def test_inputs_of_the_fused_steps_matmuls_are_checked_with_their_argument(rng, fused_arg):
+    m, n, k = (int(v) for v in torch.randint(3, 40, (3,), generator=rng))
+    inputs = workload.make_inputs("matmul", "fp32", (m, n, k), "nn" if fused_arg == "a_rows" else "nt", "cpu", rng,
+                                  fused_arg=fused_arg)
+    from kernels_core.reference import native
+    (out,) = workload.run(native.matmul, "matmul", inputs.clone(), None)
+    assert out.shape == (m, n) and workload.check_result([out], workload.expected("matmul", inputs))[1] is None
+    if fused_arg == "a_rows":
+        assert inputs.args[0].shape == (3 * m, k) and inputs.kwargs["a_rows"].shape == (m,)
+    else:
+        assert (out == 0).any() and (out != 0).any()  # masked where the layer below's output is <= 0
+    # The reference honours the argument: the plain product fails the check.
+    plain = native.matmul(inputs.args[0], inputs.args[1], trans_b=fused_arg == "relu_grad_of")
+    if fused_arg == "a_rows":
+        plain = plain[:m]
+    assert workload.check_result([plain], workload.expected("matmul", inputs))[1] is not None
 
 
 def test_the_gate_catches_one_wrong_tile_of_a_big_bf16_matmul():
