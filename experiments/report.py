@@ -253,8 +253,50 @@ def tuning_section(gpu: str, target: str) -> list[str]:
     return lines
 
 
+def _configs(median: float) -> str:
+    return "never" if median == float("inf") else f"{median:g}"
+
+
+def search_section(gpu: str) -> list[str]:
+    """The samplers replayed on the full grids (experiments.search_quality), and the workload
+    search's default budget against a long run (experiments.search_budget)."""
+    lines = []
+    summaries = sorted(RESULTS.glob(f"search_quality_{gpu}*_full_summary.csv"))
+    if summaries:
+        rows = []
+        for path in summaries:
+            grid = pd.read_csv(RESULTS / path.name.replace("search_quality_", "search_quality_grid_")
+                               .replace("_summary", ""))
+            for _, r in pd.read_csv(path).iterrows():
+                rows.append({"grid": f"{grid.backend.iloc[0]} {grid.dtype.iloc[0]} {r['shape']} ({r['grid_configs']})",
+                             "sampler": r["sampler"], "within 3% in 10%": f"{r['success_3%_in_budget']:.0%}",
+                             "median configs to 3%": _configs(r["median_to_3%"]),
+                             "within 1% in 10%": f"{r['success_1%_in_budget']:.0%}",
+                             "best after 20 / 45 / 90": " / ".join(f"{r[f'median_best_at_{n}']:.3f}" for n in (20, 45, 90))})
+        lines += ["### The tuner's samplers on full grids measured on the H200", "",
+                  "`python -m experiments.search_quality --grid-csv experiments/results/search_quality_grid_<grid>.csv "
+                  "--samplers ... --seeds 100 --budget 0.1`: every valid config timed 3 times on the GPU, then each "
+                  "sampler replayed through the tuner's own loop, 100 seeds, a budget of 10% of the grid; a trial is a "
+                  "distinct config measured; best found as a ratio to the grid's best (median seed).", "",
+                  _table(pd.DataFrame(rows)), ""]
+    path = RESULTS / f"search_budget_{gpu}.csv"
+    if path.exists():
+        df = pd.read_csv(path)
+        r = df.iloc[0]
+        lines += [f"### Is the default budget enough? ({_provenance(df)})", "",
+                  f"`python -m experiments.search_budget -- --workers 10`: `--workload mnist-mlp` (fp32, H = 1024, "
+                  f"both twins) at the default {int(r.default_trials)} configs per study took {r.default_wall_s:.0f} s; "
+                  f"resumed to {int(r.long_budget)} it took {r.long_wall_s:.0f} s more. The default's winner was within "
+                  f"3% of the long run's best (the two re-timed side by side where they differ) in "
+                  f"{int(df.within_3pct.sum())} of {len(df)} studies; the others: "
+                  + ", ".join(f"{x.op} {x.backend} {x.shape} {x.ratio:.3f}x" for x in df[~df.within_3pct].itertuples())
+                  + ".", ""]
+    return lines
+
+
 def render(gpu: str, target: str) -> str:
-    lines = kernels_section(gpu) + wgmma_section(gpu) + tuning_section(gpu, target) + gemms_section(gpu) + compare_section(gpu)
+    lines = (kernels_section(gpu) + wgmma_section(gpu) + tuning_section(gpu, target) + search_section(gpu)
+             + gemms_section(gpu) + compare_section(gpu))
     if not lines:
         lines = ["No results yet: run the experiments on a GPU (see above)."]
     return "\n".join([BEGIN, "", *lines, END])
