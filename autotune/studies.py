@@ -189,8 +189,8 @@ class _ValidTPE(optuna.samplers.TPESampler):
     that are invalid or taken score -inf, so its choice is the best of the others. Without an
     enumerated space (`valid` None) it is tpe-ei64.
 
-    It overrides TPESampler._compute_acquisition_func, a private method (Optuna 4 and 5):
-    tests/test_autotune_units.py fails if a release changes it.
+    It overrides TPESampler._compute_acquisition_func, a private method (as of Optuna 5.0, the
+    version on the GPU machine): tests/test_autotune_units.py fails if a release renames it.
     """
 
     REDRAWS = 8  # candidate batches with no valid, free config before a uniform one is taken
@@ -198,10 +198,9 @@ class _ValidTPE(optuna.samplers.TPESampler):
     def __init__(self, values: dict[str, list[int]], valid: list[dict[str, int]] | None, *, seed: int | None,
                  **tpe):
         super().__init__(**tpe, seed=seed, n_ei_candidates=64)
-        self._names = list(values)
         self._space = {f"{n}#index": optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in values.items()}
         index = {n: {v: i for i, v in enumerate(vs)} for n, vs in values.items()}
-        self._valid = None if valid is None else sorted({tuple(index[n][c[n]] for n in self._names) for c in valid})
+        self._valid = None if valid is None else sorted({tuple(index[n][c[n]] for n in values) for c in valid})
         self._free: set[tuple] = set()  # valid and not taken, for the proposal under way
         self._pick = random.Random(seed)
 
