@@ -147,6 +147,9 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
     # multivariate: tile sizes interact (restrictions, occupancy); constant liar
     # keeps parallel workers from all proposing the same config.
     tpe = dict(seed=seed, multivariate=True, constant_liar=parallel)
+    # Each proposal the best of 64 draws from the good configs' density rather than 24: greedier,
+    # and a repeat it proposes costs nothing (it is told its result).
+    ei64 = dict(tpe, n_ei_candidates=64)
     if name == "tpe":
         return optuna.samplers.TPESampler(**tpe)
     if name == "tpe-startup20":
@@ -154,11 +157,9 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
         # configs before the model narrows, so it narrows on a better picture.
         return optuna.samplers.TPESampler(**tpe, n_startup_trials=20)
     if name == "tpe-ei64":
-        # Each proposal the best of 64 draws from the good configs' density rather than 24: greedier,
-        # and a repeat it proposes costs nothing (it is told its result).
-        return optuna.samplers.TPESampler(**tpe, n_ei_candidates=64)
+        return optuna.samplers.TPESampler(**ei64)
     if name == "tpe-valid":
-        return _ValidTPE(values, valid, **tpe)
+        return _ValidTPE(values, valid, **ei64)
     if name == "qmc":
         # Scrambled, so each seed walks its own sequence; the first trial is the random sampler's
         # (QMCSampler learns the search space from it).
@@ -195,14 +196,13 @@ class _ValidTPE(optuna.samplers.TPESampler):
 
     REDRAWS = 8  # candidate batches with no valid, free config before a uniform one is taken
 
-    def __init__(self, values: dict[str, list[int]], valid: list[dict[str, int]] | None, *, seed: int | None,
-                 **tpe):
-        super().__init__(**tpe, seed=seed, n_ei_candidates=64)
+    def __init__(self, values: dict[str, list[int]], valid: list[dict[str, int]] | None, **tpe):
+        super().__init__(**tpe)
         self._space = {f"{n}#index": optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in values.items()}
         index = {n: {v: i for i, v in enumerate(vs)} for n, vs in values.items()}
-        self._valid = None if valid is None else sorted({tuple(index[n][c[n]] for n in values) for c in valid})
-        self._free: set[tuple] = set()  # valid and not taken, for the proposal under way
-        self._pick = random.Random(seed)
+        self._valid = None if valid is None else frozenset(tuple(index[n][c[n]] for n in values) for c in valid)
+        self._free: frozenset[tuple] = frozenset()  # valid and not taken, for the proposal under way
+        self._pick = random.Random(tpe["seed"])
 
     def _point(self, params: dict) -> tuple | None:
         return tuple(params[p] for p in self._space) if all(p in params for p in self._space) else None
@@ -214,9 +214,9 @@ class _ValidTPE(optuna.samplers.TPESampler):
         if self._valid is None or not search_space:
             return super().sample_relative(study, trial, search_space)
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
-        self._free = set(self._valid) - {self._point(t.params) for t in trials}
+        self._free = self._valid - {self._point(t.params) for t in trials}
         if not self._free:  # the study ends on its own; any valid config is a repeat
-            self._free = set(self._valid)
+            self._free = self._valid
         for _ in range(self.REDRAWS):
             params = super().sample_relative(study, trial, search_space)  # {} during TPE's random start
             if self._point(params) in self._free:
