@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,8 +32,9 @@ import pandas as pd
 from autotune import search, studies
 from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
-from autotune.store import store_path
+from autotune.store import load_store, store_path
 from autotune.worker_pool import visible_gpus
+from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.contract import DTYPES
 from kernels_core.provenance import device_slug, provenance
 
@@ -82,29 +82,8 @@ def _searches(args, step: str) -> list[tuple[list[str], dict, Path]]:
 
 
 def run_steps(args, ledger: Path, deadline: float) -> bool:
-    runs = pd.read_csv(ledger) if ledger.exists() else pd.DataFrame(columns=["step", "seconds", "rc"])
-    for step in STEPS:
-        if (runs[runs["step"] == step]["rc"] == 0).any():
-            continue
-        if time.monotonic() >= deadline:
-            return False
-        print(f"gpus: step {step}", flush=True)
-        start = time.monotonic()
-        procs = [subprocess.Popen(cmd, env=env) for cmd, env, _ in _searches(args, step)]
-        try:
-            codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-        except subprocess.TimeoutExpired:  # a resumable search loses only the trials in flight
-            for p in procs:
-                p.kill()
-            codes = [-9]
-        rc = max(codes, key=abs)
-        seconds = time.monotonic() - start
-        runs = pd.concat([runs, pd.DataFrame([{"step": step, "seconds": round(seconds, 1), "rc": rc}])])
-        runs.to_csv(ledger, index=False)
-        if rc != 0:
-            print(f"gpus: step {step} stopped (exit {rc}) after {seconds:.0f} s; run again to resume")
-            return False
-    return True
+    return all(run_step(ledger, step, [(cmd, env) for cmd, env, _ in _searches(args, step)], deadline, "gpus")
+               for step in STEPS)  # all() stops at the first step that did not finish
 
 
 def judge(args, plan, ledger: Path) -> pd.DataFrame:
@@ -115,7 +94,7 @@ def judge(args, plan, ledger: Path) -> pd.DataFrame:
         view = studies.view_space(job.space, plan.target, DTYPES[job.call.dtype].itemsize)
         name = studies.study_name("", plan.target.name, job.call.op, job.backend, job.call.dtype, job.call.key)
         valid[name] = (None if view.valid is None else len(view.valid), list(job.space.params))
-    runs, rows, prov = pd.read_csv(ledger), [], provenance()
+    rows, prov = [], provenance()
     for step in STEPS:
         outs = [out for _, _, out in _searches(args, step)]
         trials = pd.concat([pd.read_csv(out / plan.target.name / "trials.csv") for out in outs])
@@ -127,7 +106,7 @@ def judge(args, plan, ledger: Path) -> pd.DataFrame:
             twice += int(mine.duplicated(tunables).sum())
         gpus = {"one": 1, "all": len(args.gpus), "pair": 2}[step]
         rows.append({**prov, "step": step, "gpus": gpus,
-                     "wall_s": runs[runs["step"] == step]["seconds"].sum(), "studies": len(valid),
+                     "wall_s": step_seconds(ledger, step), "studies": len(valid),
                      "measured": len(counted), "budget": budget, "studies_not_exact": inexact,
                      "configs_measured_twice": twice, "by_gpu": json.dumps(counted["gpu"].astype(str)
                                                                              .value_counts().to_dict())})
@@ -139,9 +118,8 @@ def spread(args, plan) -> pd.DataFrame:
     calls = {(job.call.op, job.call.dtype, job.call.key): job.call for job in plan.jobs}
     winners = {}
     for step in ("one", "all"):
-        path = store_path(args.out / step, plan.target.name)
-        for e in json.loads(path.read_text())["entries"]:
-            winners.setdefault((e["op"], e["backend"], e["dtype"], e["shape"]), {})[step] = e["config"]
+        for key, e in load_store(store_path(args.out / step, plan.target.name), plan.target).entries.items():
+            winners.setdefault(key, {})[step] = e["config"]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(args.gpus)  # worker i runs on GPU i
     pool = Evaluator(plan.target.name, len(args.gpus), args.search.timeout, args.out / "logs" / "spread")
     rows = []
@@ -150,15 +128,9 @@ def spread(args, plan) -> pd.DataFrame:
             for source, config in configs.items():
                 if source == "one" and config == configs.get("all"):
                     continue
-                times = {g: [] for g in range(len(args.gpus))}
-                for r in range(args.rounds):
-                    for g in times:
-                        result = pool.evaluate(g, calls[(op, dtype, shape)], backend, config, seed=r)
-                        if result.get("status") != "ok":
-                            raise SystemExit(f"gpus: {op} {backend} {shape} {config} on GPU {args.gpus[g]}: "
-                                             f"{result.get('status')}: {result.get('error')}")
-                        times[g].append(result["time_ms"])
-                for g, t in times.items():
+                takes = [(g, config) for g in range(len(args.gpus))]
+                times = timings_in_turn(pool, calls[(op, dtype, shape)], backend, takes, args.rounds, "gpus")
+                for g, t in enumerate(times):
                     t = pd.Series(t)
                     rows.append({"op": op, "backend": backend, "dtype": dtype, "shape": shape, "winner_of": source,
                                  "config": json.dumps(config, sort_keys=True), "gpu": args.gpus[g],

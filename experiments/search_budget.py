@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,8 @@ import pandas as pd
 from autotune import search
 from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
-from autotune.store import store_path
+from autotune.store import load_store, store_path
+from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.provenance import device_slug, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,50 +61,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.search = search.parse_args(["--workload", "mnist-mlp", "--out", str(args.out), *args.search_args])
     args.default_trials = args.default_trials or search.DEFAULT_TRIALS
-    if "--trials" in args.search_args or any(a.startswith("--out") for a in args.search_args):
+    if any(a.split("=")[0] in ("--trials", "--out") for a in args.search_args):
         p.error("--trials and --out are this command's to set (--long-trials, --out)")
     return args
 
 
-def _search(args, extra: list[str], deadline: float) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "autotune.search", "--workload", "mnist-mlp", "--out", str(args.out),
-           *args.search_args, *extra]
-    start = time.monotonic()
-    try:
-        rc = subprocess.run(cmd, timeout=max(1.0, deadline - start)).returncode
-    except subprocess.TimeoutExpired:  # the child got SIGKILL: a resumable search loses the trials in flight
-        rc = -9
-    return rc, time.monotonic() - start
-
-
 def run_steps(args, ledger: Path, deadline: float) -> bool:
-    """Steps 1 and 2, each until it exits 0; False when the time ran out first."""
-    runs = pd.read_csv(ledger) if ledger.exists() else pd.DataFrame(columns=["step", "seconds", "rc"])
-    for step, extra in (("default", ["--trials", str(args.default_trials)]), ("long", ["--trials", str(args.long_trials)])):
-        if (runs[runs["step"] == step]["rc"] == 0).any():
-            continue
-        if time.monotonic() >= deadline:
+    """Steps 1 and 2, each until it exits 0; False when one stopped first."""
+    best = store_path(args.out, args.plan.target.name)
+    for step, trials in (("default", args.default_trials), ("long", args.long_trials)):
+        argv = [sys.executable, "-m", "autotune.search", "--workload", "mnist-mlp", "--out", str(args.out),
+                *args.search_args, "--trials", str(trials)]
+        if not run_step(ledger, step, [(argv, None)], deadline, "search_budget"):
             return False
-        print(f"search_budget: step {step}: autotune.search {' '.join(args.search_args + extra)}", flush=True)
-        rc, seconds = _search(args, extra, deadline)
-        runs = pd.concat([runs, pd.DataFrame([{"step": step, "seconds": round(seconds, 1), "rc": rc}])])
-        runs.to_csv(ledger, index=False)
-        if rc != 0:
-            print(f"search_budget: step {step} stopped (exit {rc}) after {seconds:.0f} s; run again to resume")
-            return False
-        if step == "default":
-            best = store_path(args.out, args.plan.target.name)
+        if step == "default" and not best.with_name("best_default.json").exists():  # before the long run moves it
             shutil.copy(best, best.with_name("best_default.json"))
     return True
 
 
-def _entries(path: Path) -> dict[tuple, dict]:
-    return {(e["op"], e["backend"], e["dtype"], e["shape"]): e for e in json.loads(path.read_text())["entries"]}
-
-
 def compare(args, ledger: Path) -> pd.DataFrame:
     best = store_path(args.out, args.plan.target.name)
-    default, long = _entries(best.with_name("best_default.json")), _entries(best)
+    default, long = (load_store(path, args.plan.target).entries for path in (best.with_name("best_default.json"), best))
     calls = {(job.call.op, job.call.dtype, job.call.key): job.call for job in args.plan.jobs}
     pool = Evaluator(args.plan.target.name, 1, args.search.timeout, args.out / "logs" / "search_budget")
     rows, prov = [], provenance()
@@ -120,14 +97,9 @@ def compare(args, ledger: Path) -> pd.DataFrame:
             if d["config"] == l["config"]:
                 row.update(default_retimed_ms=None, long_retimed_ms=None, ratio=1.0)
             else:
-                times = {"default": [], "long": []}
-                for r in range(args.rounds):
-                    for which, config in (("default", d["config"]), ("long", l["config"])):
-                        result = pool.evaluate(0, calls[(op, dtype, shape)], backend, config, seed=r)
-                        if result.get("status") != "ok":
-                            raise SystemExit(f"search_budget: {key} {which} config {config}: {result.get('status')}: "
-                                             f"{result.get('error')}")
-                        times[which].append(result["time_ms"])
+                takes = [(0, d["config"]), (0, l["config"])]
+                times = dict(zip(("default", "long"), timings_in_turn(pool, calls[(op, dtype, shape)], backend, takes,
+                                                                    args.rounds, "search_budget")))
                 med = {k: float(pd.Series(v).median()) for k, v in times.items()}
                 row.update(default_retimed_ms=med["default"], long_retimed_ms=med["long"],
                            ratio=med["default"] / med["long"])
@@ -136,9 +108,8 @@ def compare(args, ledger: Path) -> pd.DataFrame:
     finally:
         pool.close()
     table = pd.DataFrame(rows)
-    runs = pd.read_csv(ledger)
     for step in ("default", "long"):
-        table[f"{step}_wall_s"] = runs[runs["step"] == step]["seconds"].sum()
+        table[f"{step}_wall_s"] = step_seconds(ledger, step)
     table["long_budget"] = args.long_trials
     return table
 
