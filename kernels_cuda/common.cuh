@@ -291,12 +291,16 @@ __device__ __forceinline__ i64 gathered_row(const i64* rows, int r, int count, i
 // the trainer's have 10) reads its row back, takes max and logsumexp in fp32, writes
 // (softmax - onehot) / M over it and its loss to row_loss (shared memory). A label outside
 // [0, N) gives the row a NaN loss, softmax / M and the device's label flag, as loss.cu does.
+// The row moves XENT_CHUNK columns at a time through registers, every load of a chunk issued
+// before the first is used: a row of N <= XENT_CHUNK costs one trip to L2, where a loop of
+// loads one column at a time (three passes of them) made the 32 x 10 x 128 loss GEMM of the
+// fp16 seed step 7.1 µs against the plain GEMM's 4.4 (experiments/NOTES.md, section 17).
 //
-// The mean over rows is deterministic: thread 0 sums its tile's rows in row order into the
-// tile's slot; the row tiles then arrive at one counter as split-K's slices do at theirs
-// (splitk_arrive_last: release, atomic, acquire), and the last to arrive sums the slots in
-// slot order, writes loss = sum / M and puts the counter back to 0. With split-K only the last
-// slice of a tile runs this, so each row tile arrives once.
+// The mean over rows is deterministic: thread 0 sums its tile's rows in row order. One row
+// tile writes loss = sum / M itself; more arrive at one counter as split-K's slices do at
+// theirs (splitk_arrive_last: release, atomic, acquire), each with its sum in its slot, and
+// the last to arrive sums the slots in slot order, writes loss = sum / M and puts the counter
+// back to 0. With split-K only the last slice of a tile runs this, so each row tile arrives once.
 struct XentArgs {
     const i64* labels;      // [n_labels]
     const i64* label_rows;  // row m's label is labels[label_rows[m]]; labels[m] when null
@@ -307,6 +311,15 @@ struct XentArgs {
     int* counter;           // zero between launches
 };
 
+constexpr int XENT_CHUNK = 16;
+
+// Columns j0 .. j0 + XENT_CHUNK - 1 of row z into v, -inf past column N - 1 (it never wins a max).
+template <int DT>
+__device__ __forceinline__ void xent_chunk(float (&v)[XENT_CHUNK], const typename Elt<DT>::T* z, int j0, int N) {
+#pragma unroll
+    for (int j = 0; j < XENT_CHUNK; ++j) v[j] = j0 + j < N ? Elt<DT>::load(z[j0 + j]) : neg_inf();
+}
+
 template <int DT, int BM, int T>
 __device__ __forceinline__ void xent_tile(typename Elt<DT>::T* C, int M, int N, int m0, int pid_m, const XentArgs& x,
                                           float* row_loss) {
@@ -315,26 +328,42 @@ __device__ __forceinline__ void xent_tile(typename Elt<DT>::T* C, int M, int N, 
     // warp's last reads of the shared operand tiles before row_loss reuses that memory.
     __syncthreads();
     const float inv_rows = 1.f / (float)M;
+    const bool one_chunk = N <= XENT_CHUNK;  // then v holds the whole row from the first pass on
     for (int r = threadIdx.x; r < BM && m0 + r < M; r += T) {
         const int m = m0 + r;
         typename E::T* z = C + (i64)m * N;
-        float mx = neg_inf();
-        for (int j = 0; j < N; ++j) mx = fmaxf(mx, E::load(z[j]));
-        // A logit equal to the max counts 1 rather than exp(inf - inf) = NaN (loss.cu's
-        // lse_merge does the same); a NaN logit still makes s NaN (fmaxf skipped it above).
-        float s = 0.f;
-        for (int j = 0; j < N; ++j) {
-            const float v = E::load(z[j]);
-            s += v == mx ? 1.f : expf(v - mx);
-        }
         const i64 at = x.label_rows ? x.label_rows[m] : m;
         const i64 label = at >= 0 && at < x.n_labels ? x.labels[at] : 0;  // the contract's zero row
         const bool valid = label >= 0 && label < N;
-        row_loss[r] = valid ? mx + logf(s) - E::load(z[label]) : quiet_nan();
+        float v[XENT_CHUNK];
+        float mx = neg_inf();
+        for (int j0 = 0; j0 < N; j0 += XENT_CHUNK) {
+            xent_chunk<DT>(v, z, j0, N);
+#pragma unroll
+            for (int j = 0; j < XENT_CHUNK; ++j) mx = fmaxf(mx, v[j]);
+        }
+        // A logit equal to the max counts 1 rather than exp(inf - inf) = NaN (loss.cu's
+        // lse_merge does the same); a NaN logit still makes s NaN (fmaxf skipped it above).
+        float s = 0.f, z_label = 0.f;
+        for (int j0 = 0; j0 < N; j0 += XENT_CHUNK) {
+            if (!one_chunk) xent_chunk<DT>(v, z, j0, N);
+#pragma unroll
+            for (int j = 0; j < XENT_CHUNK; ++j) {
+                if (j0 + j >= N) break;
+                s += v[j] == mx ? 1.f : expf(v[j] - mx);
+                if (j0 + j == label) z_label = v[j];
+            }
+        }
+        row_loss[r] = valid ? mx + logf(s) - z_label : quiet_nan();
         const float inv_s = 1.f / s;
-        for (int j = 0; j < N; ++j) {
-            const float g = expf(E::load(z[j]) - mx) * inv_s - (j == label ? 1.f : 0.f);
-            z[j] = E::store(g * inv_rows);
+        for (int j0 = 0; j0 < N; j0 += XENT_CHUNK) {
+            if (!one_chunk) xent_chunk<DT>(v, z, j0, N);
+#pragma unroll
+            for (int j = 0; j < XENT_CHUNK; ++j) {
+                if (j0 + j >= N) break;
+                const float g = expf(v[j] - mx) * inv_s - (j0 + j == label ? 1.f : 0.f);
+                z[j0 + j] = E::store(g * inv_rows);
+            }
         }
         if (!valid) {  // racing rows all write a bad label and the same N
             x.flag[0] = 1;
@@ -348,9 +377,12 @@ __device__ __forceinline__ void xent_tile(typename Elt<DT>::T* C, int M, int N, 
         const int rows = M - m0 < BM ? M - m0 : BM;
         float sum = 0.f;
         for (int r = 0; r < rows; ++r) sum += row_loss[r];
-        x.slots[pid_m] = sum;
+        if (tiles == 1)
+            *x.loss = sum / (float)M;  // the bits of the protocol below with one slot: 0 + sum is sum
+        else
+            x.slots[pid_m] = sum;
     }
-    if (!splitk_arrive_last(x.counter, tiles)) return;
+    if (tiles == 1 || !splitk_arrive_last(x.counter, tiles)) return;
     if (threadIdx.x == 0) {
         float sum = 0.f;
         for (int t = 0; t < tiles; ++t) sum += ldcg1(x.slots + t);
@@ -436,7 +468,12 @@ __device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typenam
 // The bias of linear_sgd, in the blocks of tile row 0: gb[n] = sum over the batch of
 // op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), one column per
 // thread (consecutive threads read consecutive columns of a row-major dy), then sgd_step.
-// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1.
+// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1. The column comes
+// in batches of SGD_BIAS_BATCH rows, every load of a batch in flight before the first add: a
+// loop of one load per add waited for L2 once per row (the fp16 seed step's 128 x 10 x 32
+// linear_sgd took 5.4 µs, its plain GEMM 2.1; experiments/NOTES.md, section 17).
+constexpr int SGD_BIAS_BATCH = 16;
+
 template <int DT, int B_KC, int BN, int T>
 __device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, int K, int N, int n0, float* bias,
                                          const SgdArgs<typename Elt<DT>::T>& s) {
@@ -444,7 +481,17 @@ __device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, 
     for (int c = threadIdx.x; c < BN && n0 + c < N; c += T) {
         const int n = n0 + c;
         float g[1] = {0.f};
-        for (int k = 0; k < K; ++k) g[0] += E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]);
+        for (int k0 = 0; k0 < K; k0 += SGD_BIAS_BATCH) {
+            float v[SGD_BIAS_BATCH];
+#pragma unroll
+            for (int j = 0; j < SGD_BIAS_BATCH; ++j) {
+                const int k = k0 + j;
+                v[j] = k < K ? E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]) : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < SGD_BIAS_BATCH; ++j)
+                if (k0 + j < K) g[0] += v[j];
+        }
         const SgdArgs<typename E::T> at = {s.buf ? s.buf + n : nullptr, s.low ? s.low + n : nullptr, s.lr, s.momentum,
                                            s.weight_decay};
         sgd_step<DT, 1>(bias + n, at, g, 1, false);
