@@ -468,12 +468,9 @@ __device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typenam
 // The bias of linear_sgd, in the blocks of tile row 0: gb[n] = sum over the batch of
 // op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), one column per
 // thread (consecutive threads read consecutive columns of a row-major dy), then sgd_step.
-// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1. The column comes
-// in batches of SGD_BIAS_BATCH rows, every load of a batch in flight before the first add: a
-// loop of one load per add waited for L2 once per row (the fp16 seed step's 128 x 10 x 32
-// linear_sgd took 5.4 µs, its plain GEMM 2.1; experiments/NOTES.md, section 17).
-constexpr int SGD_BIAS_BATCH = 16;
-
+// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1.
+// Loading a column 16 rows at a time before adding them made the one-warp 16 x 16 configs
+// 0.9 µs slower on the H200, not faster (experiments/NOTES.md, section 18).
 template <int DT, int B_KC, int BN, int T>
 __device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, int K, int N, int n0, float* bias,
                                          const SgdArgs<typename Elt<DT>::T>& s) {
@@ -481,17 +478,7 @@ __device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, 
     for (int c = threadIdx.x; c < BN && n0 + c < N; c += T) {
         const int n = n0 + c;
         float g[1] = {0.f};
-        for (int k0 = 0; k0 < K; k0 += SGD_BIAS_BATCH) {
-            float v[SGD_BIAS_BATCH];
-#pragma unroll
-            for (int j = 0; j < SGD_BIAS_BATCH; ++j) {
-                const int k = k0 + j;
-                v[j] = k < K ? E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]) : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < SGD_BIAS_BATCH; ++j)
-                if (k0 + j < K) g[0] += v[j];
-        }
+        for (int k = 0; k < K; ++k) g[0] += E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]);
         const SgdArgs<typename E::T> at = {s.buf ? s.buf + n : nullptr, s.low ? s.low + n : nullptr, s.lr, s.momentum,
                                            s.weight_decay};
         sgd_step<DT, 1>(bias + n, at, g, 1, false);
