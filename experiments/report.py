@@ -201,7 +201,7 @@ def gemms_section(gpu: str) -> list[str]:
             row[f"{backend} tuned µs"] = f"{ms * 1e3:.1f} ({x:.2f}×)" if pd.notna(ms) else ""
         rows.append(row)
     lines = [f"### The trainer's GEMMs against cuBLAS ({_provenance(df)})", "",
-             "`python -m experiments.bench_kernels --only trainer,gemm` — every distinct GEMM of both trainer "
+             "`python -m experiments.bench_kernels --only trainer` (with `,gemm` also matmul 4096³) — every distinct GEMM of both trainer "
              "protocols (fp32: batch 128, 784-H-H-10, H = 128/1024/4096; fp16: batch 32, 784-H-H-H-10, "
              "H = 128...8192), each twin at its default config and, where the tuned store has the shape, its "
              "tuned one; cuBLAS in the same run; CUDA-graph replays of 10 calls (inputs warm in L2, as in a "
