@@ -12,12 +12,7 @@ store=experiments/runs/s8
 tune=(python3 -m autotune.search --workload mnist-mlp --out "$store" --workers 10)
 seed=(--dtypes fp16 --layers 3 --batch-size 32)
 logs=$(mktemp -d)  # packed with the CSVs at the end: a call brings back at most 8 files
-step() {  # name seconds command...: runs it under its own limit, logs to $logs/name.log
-    local name=$1 secs=$2 t0=$SECONDS
-    shift 2
-    timeout -s KILL "$secs" "$@" > "$logs/$name.log" 2>&1
-    echo "$name rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
-}
+export STEP_LOGS=$logs
 step tune4096 45 "${tune[@]}" --dtypes fp32 --hidden 4096 --ops matmul,linear_cross_entropy,linear_sgd
 step tune_fp16 75 "${tune[@]}" "${seed[@]}" --hidden 4096,1024 --ops matmul
 tar czf "$OUT/s8_state.tgz" "$store"

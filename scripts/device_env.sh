@@ -6,3 +6,13 @@ if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
+
+# step NAME SECONDS COMMAND...: COMMAND under its own limit (a stage cut there still leaves the
+# call's later stages their time), its output in ${STEP_LOGS:-$OUT}/NAME.log, its exit status and
+# seconds in $OUT/summary.txt.
+step() {
+    local name=$1 secs=$2 t0=$SECONDS
+    shift 2
+    timeout -s KILL "$secs" "$@" > "${STEP_LOGS:-$OUT}/$name.log" 2>&1
+    echo "$name rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
+}

@@ -10,12 +10,6 @@ source "$(dirname "$0")/device_env.sh"
 limit=${1:-560}
 store=experiments/runs/s8
 seed=(--workload mnist-mlp --dtypes fp16 --layers 3 --batch-size 32 --out "$store" --workers 10)
-step() {  # name seconds command...: runs it under its own limit, logs to $OUT/name.log
-    local name=$1 secs=$2 t0=$SECONDS
-    shift 2
-    timeout -s KILL "$secs" "$@" > "$OUT/$name.log" 2>&1
-    echo "$name rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
-}
 step tests 170 python3 -m pytest -q -m gpu -x tests/test_fused.py tests/test_cuda_host_side.py \
     -k "(linear_ce or linear_sgd or cross_entropy_epilogue or sgd_updates_bits) and not triton"
 step tune128 60 python3 -m autotune.search "${seed[@]}" --hidden 128 --backends cuda --ops linear_cross_entropy,linear_sgd

@@ -11,12 +11,6 @@ limit=${1:-560}
 store=experiments/runs/s8
 tune=(python3 -m autotune.search --workload mnist-mlp --out "$store" --workers 10)
 seed=(--dtypes fp16 --layers 3 --batch-size 32)
-step() {  # name seconds command...: runs it under its own limit, logs to $OUT/name.log
-    local name=$1 secs=$2 t0=$SECONDS
-    shift 2
-    timeout -s KILL "$secs" "$@" > "$OUT/$name.log" 2>&1
-    echo "$name rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
-}
 step tests 120 python3 -m pytest -q -m gpu -x tests/test_cuda_host_side.py -k cross_entropy_epilogue
 step tune8192 60 "${tune[@]}" "${seed[@]}" --hidden 8192 --ops matmul,linear_cross_entropy,linear_sgd
 step tune4096 190 "${tune[@]}" --dtypes fp32 --hidden 4096 --ops matmul,linear_cross_entropy,linear_sgd
