@@ -296,6 +296,9 @@ __device__ __forceinline__ i64 gathered_row(const i64* rows, int r, int count, i
 // loads one column at a time (three passes of them) made the 32 x 10 x 128 loss GEMM of the
 // fp16 seed step 7.1 µs against the plain GEMM's 4.4 (experiments/NOTES.md, section 17).
 //
+// Each row's label is loaded before the GEMM's main loop (XentLabels: label_rows[m], then
+// labels[that], two dependent trips to L2 that the loop's own loads then hide), not after it.
+//
 // The mean over rows is deterministic: thread 0 sums its tile's rows in row order. One row
 // tile writes loss = sum / M itself; more arrive at one counter as split-K's slices do at
 // theirs (splitk_arrive_last: release, atomic, acquire), each with its sum in its slot, and
@@ -313,6 +316,26 @@ struct XentArgs {
 
 constexpr int XENT_CHUNK = 16;
 
+// The labels of the rows thread t handles in xent_tile (rows t, t + T, ... of the tile), loaded at
+// the block's start; label 0 for an index outside labels (the contract's zero row) and for rows
+// past M, which xent_tile skips.
+template <int BM, int T>
+struct XentLabels {
+    static constexpr int PER = (BM + T - 1) / T;
+    i64 v[PER];
+
+    __device__ __forceinline__ void load(const XentArgs& x, int m0, int M) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = threadIdx.x + p * T, m = m0 + r;
+            v[p] = 0;
+            if ((BM % T != 0 && r >= BM) || m >= M) continue;
+            const i64 at = x.label_rows ? x.label_rows[m] : m;
+            if (at >= 0 && at < x.n_labels) v[p] = x.labels[at];
+        }
+    }
+};
+
 // Columns j0 .. j0 + XENT_CHUNK - 1 of row z into v, -inf past column N - 1 (it never wins a max).
 template <int DT>
 __device__ __forceinline__ void xent_chunk(float (&v)[XENT_CHUNK], const typename Elt<DT>::T* z, int j0, int N) {
@@ -322,18 +345,19 @@ __device__ __forceinline__ void xent_chunk(float (&v)[XENT_CHUNK], const typenam
 
 template <int DT, int BM, int T>
 __device__ __forceinline__ void xent_tile(typename Elt<DT>::T* C, int M, int N, int m0, int pid_m, const XentArgs& x,
-                                          float* row_loss) {
+                                          const XentLabels<BM, T>& labels, float* row_loss) {
     typedef Elt<DT> E;
     // Orders every thread's stores of the tile's logits before the reads below, and every
     // warp's last reads of the shared operand tiles before row_loss reuses that memory.
     __syncthreads();
     const float inv_rows = 1.f / (float)M;
     const bool one_chunk = N <= XENT_CHUNK;  // then v holds the whole row from the first pass on
-    for (int r = threadIdx.x; r < BM && m0 + r < M; r += T) {
-        const int m = m0 + r;
+#pragma unroll
+    for (int p = 0; p < XentLabels<BM, T>::PER; ++p) {
+        const int r = threadIdx.x + p * T, m = m0 + r;
+        if ((BM % T != 0 && r >= BM) || m >= M) break;
         typename E::T* z = C + (i64)m * N;
-        const i64 at = x.label_rows ? x.label_rows[m] : m;
-        const i64 label = at >= 0 && at < x.n_labels ? x.labels[at] : 0;  // the contract's zero row
+        const i64 label = labels.v[p];
         const bool valid = label >= 0 && label < N;
         float v[XENT_CHUNK];
         float mx = neg_inf();
@@ -449,11 +473,13 @@ __device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT
     }
 }
 
-// linear_sgd's epilogue reads w and its buffer group by group, each read followed by stores the
-// compiler cannot move it past (the pointers may alias, as far as it knows), so every group
-// waits for its own L2 round trip: on an H200 that made the fused dW of a 128 x 784 x 128 layer
-// 13.3 µs against the plain GEMM's 7.3 (experiments/NOTES.md, section 13). Prefetching all of a
-// thread's lines into L1 first puts those round trips in flight together.
+// The epilogues' operands from memory (the bias, relu_grad_of's y, linear_sgd's w and its
+// buffer) are prefetched into L1 at the block's start, so that their trips to L2 overlap the
+// main loop. After it, each would follow the last mma: linear_sgd's epilogue reads w and its
+// buffer group by group, each read followed by stores the compiler cannot move it past (the
+// pointers may alias, as far as it knows), so every group waited for its own L2 round trip (on
+// an H200 the fused dW of a 128 x 784 x 128 layer took 13.3 µs against the plain GEMM's 7.3,
+// experiments/NOTES.md, section 13; prefetched after the loop, one trip: section 19).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Whether groups of CNT elements starting at multiples of CNT of row-major [., N] arrays p, buf
@@ -466,24 +492,59 @@ __device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typenam
 }
 
 // The bias of linear_sgd, in the blocks of tile row 0: gb[n] = sum over the batch of
-// op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), one column per
-// thread (consecutive threads read consecutive columns of a row-major dy), then sgd_step.
-// bias, with the SgdArgs of b_buf and b_low, covers columns n0 .. n0 + BN - 1.
-// Loading a column 16 rows at a time before adding them made the one-warp 16 x 16 configs
-// 0.9 µs slower on the H200, not faster (experiments/NOTES.md, section 18).
-template <int DT, int B_KC, int BN, int T>
-__device__ __forceinline__ void sgd_bias(const typename Elt<DT>::T* B, i64 ldb, int K, int N, int n0, float* bias,
-                                         const SgdArgs<typename Elt<DT>::T>& s) {
-    typedef Elt<DT> E;
-    for (int c = threadIdx.x; c < BN && n0 + c < N; c += T) {
-        const int n = n0 + c;
-        float g[1] = {0.f};
-        for (int k = 0; k < K; ++k) g[0] += E::load(B_KC ? B[(i64)n * ldb + k] : B[(i64)k * ldb + n]);
-        const SgdArgs<typename E::T> at = {s.buf ? s.buf + n : nullptr, s.low ? s.low + n : nullptr, s.lr, s.momentum,
-                                           s.weight_decay};
-        sgd_step<DT, 1>(bias + n, at, g, 1, false);
+// op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), then sgd_step on
+// bias, b_buf and b_low for columns n0 .. n0 + BN - 1. The sums come from the tiles of dy the
+// main loop stages in shared memory anyway (add, once per k step, while the stage is live):
+// summing dy's columns again from global memory after the loop, one thread per column, cost the
+// one-warp linear_sgd configs two trips to L2 for K = 32 after the w update's (SASS: 16-load
+// batches), about 2.8 µs over the plain GEMM's 2.1 on the H200 (experiments/NOTES.md,
+// section 19). Thread t owns columns t, t + T, ...; its bias lines are prefetched at the start.
+template <int BN, int T>
+struct BiasGrad {
+    static constexpr int PER = (BN + T - 1) / T;
+    float g[PER];
+
+    __device__ __forceinline__ BiasGrad() {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) g[p] = 0.f;
     }
-}
+
+    __device__ __forceinline__ void prefetch(const float* bias, const float* buf, int n0, int N) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int n = n0 + threadIdx.x + p * T;
+            if ((BN % T != 0 && n - n0 >= BN) || n >= N) break;
+            prefetch_l1(bias + n);
+            if (buf) prefetch_l1(buf + n);
+        }
+    }
+
+    // Rows 0 .. ROWS - 1 of one staged k step: at(k, c) is op(B)[k0 + k, n0 + c] as fp32 (the
+    // stage's zero fill past K and N adds +0, which changes no sum that starts at +0).
+    template <int ROWS, typename At>
+    __device__ __forceinline__ void add(At at) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int c = threadIdx.x + p * T;
+            if (BN % T != 0 && c >= BN) break;
+#pragma unroll
+            for (int k = 0; k < ROWS; ++k) g[p] += at(k, c);
+        }
+    }
+
+    template <int DT>
+    __device__ __forceinline__ void step(float* bias, int n0, int N, const SgdArgs<typename Elt<DT>::T>& s) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int n = n0 + threadIdx.x + p * T;
+            if ((BN % T != 0 && n - n0 >= BN) || n >= N) break;
+            const SgdArgs<typename Elt<DT>::T> at = {s.buf ? s.buf + n : nullptr, s.low ? s.low + n : nullptr, s.lr,
+                                                     s.momentum, s.weight_decay};
+            const float gb[1] = {g[p]};
+            sgd_step<DT, 1>(bias + n, at, gb, 1, false);
+        }
+    }
+};
 
 // Flat work split of the elementwise kernels (elementwise.cu, optim.cu): the
 // tensor is n / VEC vectors; block b owns vectors [b * THREADS * ITEMS, +THREADS * ITEMS)

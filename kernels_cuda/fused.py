@@ -113,7 +113,7 @@ def linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0, weight_decay=0
     """One linear layer's SGD step in one launch (kernels_core/contract.py): the "tn" GEMM
     gw = x[x_rows]^T @ dy (M = K_in, N = N_out, K = the batch), whose epilogue applies
     sgd_update's rule to w where gw's tile lies; the blocks of tile row 0 also sum dy's columns
-    and update the bias (common.cuh: sgd_step, sgd_bias). An empty batch still launches: gw = 0,
+    and update the bias (common.cuh: sgd_step, BiasGrad). An empty batch still launches: gw = 0,
     and weight decay and momentum still apply."""
     B, K_in, N_out, lr, momentum, weight_decay = linear_sgd_args(
         x, dy, w, bias, w_buf, b_buf, lr, momentum, weight_decay, x_rows, w_low, b_low)

@@ -140,6 +140,40 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
+    // What the epilogue reads from memory, on its way now (common.cuh: prefetch_l1, XentLabels, BiasGrad).
+    // A thread's rows are TM / 4 groups of 4, its columns TN / 4 groups of 4 (see the epilogue).
+    if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+        for (int gn = 0; gn < TN / 4; ++gn) {
+            const int n = n0 + gn * 4 * RN + tx * 4;
+            if (n >= N) continue;
+            if (HAS_BIAS) prefetch_l1(bias + n);
+            if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
+                    if (m >= M) continue;
+                    const i64 at = (i64)m * N + n;
+                    if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
+                    if constexpr (EPI == EPI_SGD) {
+                        prefetch_l1(w + at);
+                        if (w_buf) prefetch_l1(w_buf + at);
+                    }
+                }
+            }
+        }
+    }
+    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
+    XentLabels<BM, T> xent_labels;
+    if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
+    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
+    BiasGrad<BN, T> bias_grad;
+    if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+    // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
+    auto add_bias = [&](const float* bs) {
+        if (bias_step) bias_grad.template add<BK>([&](int k, int c) { return bs[k * TileB::LD_S + c]; });
+    };
+
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -187,6 +221,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                 tb.load(B, ldb, n0, (kt + 1) * BK, N, K, nullptr, 0);
             }
             compute(As + cur * A_STAGE, Bs + cur * B_STAGE);
+            add_bias(Bs + cur * B_STAGE);
             if (kt + 1 < KT) {
                 // The other buffer was last read in step kt - 1, which every
                 // thread finished before the barrier that ended it.
@@ -203,6 +238,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             tb.store(Bs);
             __syncthreads();
             compute(As, Bs);
+            add_bias(Bs);
             __syncthreads();
         }
     }
@@ -218,19 +254,6 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 15) == 0);
     const SgdArgs<float> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
     const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, 4>(w, sgd, N);
-    if constexpr (EPI == EPI_SGD) {  // the lines the loop below reads, all in flight at once (common.cuh)
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
-#pragma unroll
-            for (int g = 0; g < TN / 4; ++g) {
-                const int n = n0 + g * 4 * RN + tx * 4;
-                if (m >= M || n >= N) continue;
-                prefetch_l1(w + (i64)m * N + n);
-                if (w_buf) prefetch_l1(w_buf + (i64)m * N + n);
-            }
-        }
-    }
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
@@ -275,11 +298,8 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     }
     if constexpr (EPI == EPI_XENT)
-        xent_tile<DT_FP32, BM, T>(C, M, N, m0, pid_m,
-                                  XentArgs{labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter},
-                                  reinterpret_cast<float*>(smem_raw));
-    if constexpr (EPI == EPI_SGD)
-        if (pid_m == 0) sgd_bias<DT_FP32, B_KC, BN, T>(B, ldb, K, N, n0, b, SgdArgs<float>{b_buf, b_low, lr, momentum, weight_decay});
+        xent_tile<DT_FP32, BM, T>(C, M, N, m0, pid_m, xent, xent_labels, reinterpret_cast<float*>(smem_raw));
+    if (bias_step) bias_grad.template step<DT_FP32>(b, n0, N, SgdArgs<float>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE

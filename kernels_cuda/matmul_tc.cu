@@ -251,6 +251,46 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
+    // What the epilogue reads from memory, on its way now (common.cuh: prefetch_l1, XentLabels, BiasGrad).
+    const int g = lane / 4, t = lane % 4;  // accumulator fragment roles: rows g, g + 8; columns 2t, 2t + 1
+    if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int n = n0 + wn * WN + j * 8 + 2 * t;
+            if (n >= N) continue;
+            if (HAS_BIAS) prefetch_l1(bias + n);
+            if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int m = m0 + wm * WM + i * 16 + g + 8 * h;
+                        if (m >= M) continue;
+                        const i64 at = (i64)m * N + n;
+                        if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
+                        if constexpr (EPI == EPI_SGD) {
+                            prefetch_l1(w + at);
+                            if (w_buf) prefetch_l1(w_buf + at);
+                        }
+                    }
+            }
+        }
+    }
+    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
+    XentLabels<BM, T> xent_labels;
+    if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
+    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
+    BiasGrad<BN, T> bias_grad;
+    if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+    // Adds stage s's rows of op(B) to the bias sums.
+    auto add_bias = [&](int s) {
+        if (!bias_step) return;
+        const u16* bs = Bs + s * TileB::STAGE;
+        bias_grad.template add<BK>([&](int k, int c) {
+            return E::load(B_KC ? bs[c * TileB::LD_S + k] : bs[k * TileB::LD_S + c]);
+        });
+    };
+
     Acc<ACC16> acc[MT][NT];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -321,6 +361,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             if (next < KT) load_stage(next % STAGES, next);
             cp_async_commit();
             compute(kt % STAGES);
+            add_bias(kt % STAGES);
         }
     } else {
         typename TileA::Staged sa;
@@ -339,6 +380,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         for (int kt = 0; kt < KT; ++kt) {
             if (kt + 1 < KT) fetch(kt + 1);  // in flight during the mmas
             compute(kt % 2);
+            add_bias(kt % 2);
             if (kt + 1 < KT) {
                 // Stage (kt + 1) % 2 was last read in step kt - 1, before the barrier ending it.
                 sa.store(As + ((kt + 1) % 2) * TileA::STAGE);
@@ -363,23 +405,6 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                          (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 3) == 0);
     const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
     const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
-    const int g = lane / 4, t = lane % 4;
-    if constexpr (EPI == EPI_SGD) {  // the lines the loop below reads, all in flight at once (common.cuh)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int n = n0 + wn * WN + j * 8 + 2 * t;
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int m = m0 + wm * WM + i * 16 + g + 8 * h;
-                    if (m >= M || n >= N) continue;
-                    prefetch_l1(w + (i64)m * N + n);
-                    if (w_buf) prefetch_l1(w_buf + (i64)m * N + n);
-                }
-            }
-        }
-    }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const int n = n0 + wn * WN + j * 8 + 2 * t;
@@ -432,10 +457,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         }
     }
     if constexpr (EPI == EPI_XENT)
-        xent_tile<DT, BM, T>(C, M, N, m0, pid_m, XentArgs{labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter},
-                             reinterpret_cast<float*>(smem_raw));
-    if constexpr (EPI == EPI_SGD)
-        if (pid_m == 0) sgd_bias<DT, B_KC, BN, T>(B, ldb, K, N, n0, b, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
+        xent_tile<DT, BM, T>(C, M, N, m0, pid_m, xent, xent_labels, reinterpret_cast<float*>(smem_raw));
+    if (bias_step) bias_grad.template step<DT>(b, n0, N, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE
