@@ -1,0 +1,39 @@
+"""experiments.code_ab: the same configs timed on this checkout and on an older tree, in turn."""
+import pandas as pd
+
+from experiments import code_ab
+
+
+def test_worker_one_imports_the_old_tree(tmp_path):
+    """Worker 1 imports the old tree's packages even though it starts in this checkout (whose
+    directory would come first on sys.path without PYTHONSAFEPATH); worker 0 imports this one's."""
+    old = tmp_path / "old"
+    (old / "kernels_cuda").mkdir(parents=True)
+    (old / "kernels_cuda" / "__init__.py").write_text('raise ImportError("this is the old tree")\n')
+    pool = code_ab.code_pool("cpu", old, tmp_path / "logs")
+    ask = {"cmd": "compile", "backend": "cuda", "op": "relu", "dtype": "fp32", "configs": [], "arch": 90}
+    try:
+        new, older = (pool.workers[i][0].request(ask, 120.0) for i in range(2))
+    finally:
+        pool.close()
+    assert new == {"ok": True, "reports": []}
+    assert not older["ok"] and "this is the old tree" in older["error"]
+
+
+def test_old_commit_from_the_stamp_or_the_folder(tmp_path):
+    tree = tmp_path / "303047b"
+    tree.mkdir()
+    assert code_ab.old_commit(tree) == "303047b"
+    (tree / "LAB_COMMIT").write_text("abc1234\n")
+    assert code_ab.old_commit(tree) == "abc1234"
+
+
+def test_summary_sums_the_step_and_takes_the_median_ratio():
+    rows = pd.DataFrame([
+        {"backend": "cuda", "op": op, "shape": shape, "code": code, "median_ms": ms}
+        for op, shape, old_ms, new_ms in [("matmul", "32x128x784:nn", 0.004, 0.002),
+                                          ("linear_sgd", "784x128x32:tn", 0.006, 0.004),
+                                          ("linear_cross_entropy", "32x10x128:nn", 0.003, 0.003)]
+        for code, ms in (("old", old_ms), ("new", new_ms))])
+    (line,) = code_ab.summary(rows)
+    assert line == "cuda: the step's 3 calls 13.0 us (old) -> 9.0 us (new), +4.0 us; per call old / new: median 1.50x"
