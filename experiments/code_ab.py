@@ -16,7 +16,8 @@ falls on both alike.
 -> results/code_ab_<label>.csv, a row per call, backend and code ("new" this checkout, "old" the
    old tree): median, min and max over the rounds, the config, provenance (commit is this
    checkout's; old_commit the old tree's, from its LAB_COMMIT file or its directory name). The
-   summary prints each call's old / new ratio and the sum over the step's calls.
+   summary prints the median old / new ratio and the sum over the step's distinct calls (a call
+   the step makes twice, as the seed protocol's hidden layers do, counts once).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def summary(rows: pd.DataFrame) -> list[str]:
     lines = []
     for backend, part in wide.groupby(level="backend"):
         old, new = part["old"].sum() * 1e3, part["new"].sum() * 1e3
-        lines.append(f"{backend}: the step's {len(part)} calls {old:.1f} us (old) -> {new:.1f} us (new), "
+        lines.append(f"{backend}: the step's {len(part)} distinct calls, once each, {old:.1f} us (old) -> {new:.1f} us (new), "
                      f"{old - new:+.1f} us; per call old / new: median {(part['old'] / part['new']).median():.2f}x")
     return lines
 

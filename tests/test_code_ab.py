@@ -36,4 +36,4 @@ def test_summary_sums_the_step_and_takes_the_median_ratio():
                                           ("linear_cross_entropy", "32x10x128:nn", 0.003, 0.003)]
         for code, ms in (("old", old_ms), ("new", new_ms))])
     (line,) = code_ab.summary(rows)
-    assert line == "cuda: the step's 3 calls 13.0 us (old) -> 9.0 us (new), +4.0 us; per call old / new: median 1.50x"
+    assert line == "cuda: the step's 3 distinct calls, once each, 13.0 us (old) -> 9.0 us (new), +4.0 us; per call old / new: median 1.50x"
