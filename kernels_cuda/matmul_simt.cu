@@ -140,35 +140,38 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
-    // What the epilogue reads from memory, on its way now (common.cuh: prefetch_l1, XentLabels, BiasGrad).
+    // What the epilogue reads from memory (common.cuh: prefetch_l1, XentLabels, BiasGrad), sent for
+    // once the first k step's operand loads are issued, not ahead of them (matmul_tc.cu says why).
     // A thread's rows are TM / 4 groups of 4, its columns TN / 4 groups of 4 (see the epilogue).
-    if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
+    XentLabels<BM, T> xent_labels;
+    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
+    BiasGrad<BN, T> bias_grad;
+    auto epilogue_reads = [&]() {
+        if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
+        if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+        if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
 #pragma unroll
-        for (int gn = 0; gn < TN / 4; ++gn) {
-            const int n = n0 + gn * 4 * RN + tx * 4;
-            if (n >= N) continue;
-            if (HAS_BIAS) prefetch_l1(bias + n);
-            if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+            for (int gn = 0; gn < TN / 4; ++gn) {
+                const int n = n0 + gn * 4 * RN + tx * 4;
+                if (n >= N) continue;
+                if (HAS_BIAS) prefetch_l1(bias + n);
+                if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
 #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
-                    if (m >= M) continue;
-                    const i64 at = (i64)m * N + n;
-                    if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
-                    if constexpr (EPI == EPI_SGD) {
-                        prefetch_l1(w + at);
-                        if (w_buf) prefetch_l1(w_buf + at);
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
+                        if (m >= M) continue;
+                        const i64 at = (i64)m * N + n;
+                        if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
+                        if constexpr (EPI == EPI_SGD) {
+                            prefetch_l1(w + at);
+                            if (w_buf) prefetch_l1(w_buf + at);
+                        }
                     }
                 }
             }
         }
-    }
-    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
-    XentLabels<BM, T> xent_labels;
-    if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
-    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
-    BiasGrad<BN, T> bias_grad;
-    if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+    };
     // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
     auto add_bias = [&](const float* bs) {
         if (bias_step) bias_grad.template add<BK>([&](int k, int c) { return bs[k * TileB::LD_S + c]; });
@@ -211,6 +214,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     if (STAGES == 2) {
         ta.load(A, lda, m0, 0, M, K, a_rows, rows_of_a);
         tb.load(B, ldb, n0, 0, N, K, nullptr, 0);
+        epilogue_reads();
         ta.store(As);
         tb.store(Bs);
         __syncthreads();
@@ -231,6 +235,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             __syncthreads();
         }
     } else {
+        epilogue_reads();  // one buffer: no load comes before the loop (and K = 0 runs none)
         for (int kt = 0; kt < KT; ++kt) {
             ta.load(A, lda, m0, kt * BK, M, K, a_rows, rows_of_a);
             tb.load(B, ldb, n0, kt * BK, N, K, nullptr, 0);

@@ -61,6 +61,16 @@ __device__ __forceinline__ void cp_async(u32 dst, const void* src, int src_bytes
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes));
 }
 
+// A copy wholly inside the source: no src-size operand, which ptxas lowers into extra
+// address arithmetic per copy even when it is the full size.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_whole(u32 dst, const void* src) {
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>
@@ -165,7 +175,63 @@ struct TcTile {
         return n_ok;
     }
 
-    // sm_80+: asynchronous copies straight into the stage.
+    // sm_80+, operands read straight (no gathered rows) in chunks of V >= 2: this thread's copies of
+    // every k step, what no k step changes worked out once. Its chunks are c = threadIdx.x + p * T,
+    // chunk p DR rows or DC columns past chunk 0 (CPR, the chunks of a row, and T are powers of two,
+    // so one divides the other). Working out every chunk's address and edges from scratch at each k
+    // step, as load_async does, took about 150 instructions a stage in the one-warp 16 x 16 GEMMs,
+    // where one warp per multiprocessor waits on each instruction's latency (experiments/NOTES.md,
+    // section 19). K_ROWS: k runs along the tile's rows (element (r, c) of the step at k0 is
+    // X[(k0 + r) * ld + origin + c] with R = K), else along its columns (X[(origin + r) * ld + k0 + c],
+    // CN = K).
+    static constexpr int CPR = COLS / V;
+    static constexpr int DR = T >= CPR ? T / CPR : 0, DC = T >= CPR ? 0 : T * V;
+
+    template <int K_ROWS>
+    struct Async {
+        i64 at;         // X's element of chunk 0 at k0 = 0
+        int rows_left;  // the tile's rows from chunk 0's on that lie inside X, at k0 = 0
+        int cols_left;  // its columns from chunk 0's on inside X, at k0 = 0
+        u32 dst;        // chunk 0's shared address in stage 0
+
+        __device__ __forceinline__ Async(u16* Xs, i64 ld, int origin, int R, int CN) {
+            const int r = threadIdx.x / CPR, col = (threadIdx.x % CPR) * V;
+            at = K_ROWS ? (i64)r * ld + origin + col : (i64)(origin + r) * ld + col;
+            rows_left = R - r - (K_ROWS ? 0 : origin);
+            cols_left = CN - col - (K_ROWS ? origin : 0);
+            dst = smem_addr(Xs + r * LD_S + col);
+        }
+
+        // Queues the copies of the k step at k0 into stage s. A thread whose chunks all lie inside
+        // X (every thread of an inner tile) copies them whole; at an edge cp.async's src-size
+        // zero-fills what lies outside X, and no address outside it is formed.
+        __device__ __forceinline__ void load(const u16* X, i64 ld, int s, int k0) const {
+            static_assert(V >= 2 && !GATHER, "2-byte chunks and gathered rows take load_async");
+            const i64 from = at + (K_ROWS ? (i64)k0 * ld : k0), dp = DR * ld + DC;
+            const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
+            const u32 to = dst + 2 * s * STAGE;
+            constexpr int LAST = PER_THREAD - 1;
+            if (rows > LAST * DR && cols - LAST * DC >= V) {
+                const u16* src = X + from;
+#pragma unroll
+                for (int p = 0; p < PER_THREAD; ++p) {
+                    if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
+                    cp_async_whole<2 * V>(to + 2 * p * (DR * LD_S + DC), src + p * dp);
+                }
+                return;
+            }
+#pragma unroll
+            for (int p = 0; p < PER_THREAD; ++p) {
+                if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
+                const int left = cols - p * DC;
+                const int n_ok = p * DR < rows ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
+                const u16* src = n_ok > 0 ? X + from + p * dp : X;
+                cp_async<2 * V>(to + 2 * p * (DR * LD_S + DC), src, 2 * n_ok);
+            }
+        }
+    };
+
+    // sm_80+, every case: asynchronous copies straight into the stage.
     static __device__ __forceinline__ void load_async(u16* Xs, const u16* X, i64 ld, int r0, int c0, int R, int CN,
                                                       const i64* rows, i64 stored) {
 #pragma unroll
@@ -251,37 +317,41 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
-    // What the epilogue reads from memory, on its way now (common.cuh: prefetch_l1, XentLabels, BiasGrad).
+    // What the epilogue reads from memory (common.cuh: prefetch_l1, XentLabels, BiasGrad), sent for
+    // once the first k steps' operand copies are queued: ahead of them, the prefetches delayed the
+    // loop's first wait (0.1-0.3 µs on the H200's one-warp GEMMs, experiments/NOTES.md, section 19).
     const int g = lane / 4, t = lane % 4;  // accumulator fragment roles: rows g, g + 8; columns 2t, 2t + 1
-    if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int n = n0 + wn * WN + j * 8 + 2 * t;
-            if (n >= N) continue;
-            if (HAS_BIAS) prefetch_l1(bias + n);
-            if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int m = m0 + wm * WM + i * 16 + g + 8 * h;
-                        if (m >= M) continue;
-                        const i64 at = (i64)m * N + n;
-                        if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
-                        if constexpr (EPI == EPI_SGD) {
-                            prefetch_l1(w + at);
-                            if (w_buf) prefetch_l1(w_buf + at);
-                        }
-                    }
-            }
-        }
-    }
     const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
     XentLabels<BM, T> xent_labels;
-    if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
     const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
     BiasGrad<BN, T> bias_grad;
-    if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+    auto epilogue_reads = [&]() {
+        if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
+        if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+        if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int n = n0 + wn * WN + j * 8 + 2 * t;
+                if (n >= N) continue;
+                if (HAS_BIAS) prefetch_l1(bias + n);
+                if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int m = m0 + wm * WM + i * 16 + g + 8 * h;
+                            if (m >= M) continue;
+                            const i64 at = (i64)m * N + n;
+                            if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
+                            if constexpr (EPI == EPI_SGD) {
+                                prefetch_l1(w + at);
+                                if (w_buf) prefetch_l1(w_buf + at);
+                            }
+                        }
+                }
+            }
+        }
+    };
     // Adds stage s's rows of op(B) to the bias sums.
     auto add_bias = [&](int s) {
         if (!bias_step) return;
@@ -337,12 +407,17 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int KT = (K + BK - 1) / BK;
     if constexpr (SM80) {
         // Queues copies of k-slice kt of both operands into stage s.
+        constexpr bool A_ASYNC = !A_ROWS && VA >= 2, B_ASYNC = VB >= 2;  // TcTile::Async's cases
+        const typename TileA::template Async<!A_KC> async_a(As, lda, m0, A_KC ? M : K, A_KC ? K : M);
+        const typename TileB::template Async<!B_KC> async_b(Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
         auto load_stage = [&](int s, int kt) {
             const int k0 = kt * BK;
-            if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
-            else      TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
-            if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
-            else      TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
+            if constexpr (A_ASYNC) async_a.load(A, lda, s, k0);
+            else if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
+            else           TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
+            if constexpr (B_ASYNC) async_b.load(B, ldb, s, k0);
+            else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
+            else           TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
         };
         // Ring of STAGES buffers; one commit group per k-slice (empty past
         // the end) so that "all but STAGES - 2 groups done" means slice kt
@@ -352,6 +427,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             if (s < KT) load_stage(s, s);
             cp_async_commit();
         }
+        epilogue_reads();
         for (int kt = 0; kt < KT; ++kt) {
             cp_async_wait<STAGES - 2>();
             // Makes every thread's copies of slice kt visible, and guarantees
@@ -374,6 +450,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             else      sb.fetch(B, ldb, k0, n0, K, N, nullptr, 0);
         };
         fetch(0);
+        epilogue_reads();
         sa.store(As);
         sb.store(Bs);
         __syncthreads();
