@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's CUDA seed step on the H200, the second device call of session 9: after c0ffee's lean
+# Issue 14's CUDA seed step on the H200, the second device call of session 9: after 7423c6a's lean
 # tensor-core loads (matmul_tc.cu: TcTile::Async) and the epilogue reads queued behind the first
 # k steps' copies, one call:
 #   tests    the GPU tests of the CUDA GEMM paths the change touches (every mma.sync load: layouts,
