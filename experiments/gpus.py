@@ -156,7 +156,7 @@ def summary(steps: pd.DataFrame, times: pd.DataFrame) -> list[str]:
         apart = first.dropna()
         worse = apart[(apart["one"] / apart["all"] - 1).abs() > max(within, between)]
         lines.append(f"studies whose two winners differ: {len(apart)}; by more than that noise: {len(worse)}"
-                     + "".join(f"\n  {' '.join(k)}: one's winner / all's = {r.one / r.all:.3f}" for k, r in worse.iterrows()))
+                     + "".join(f"\n  {' '.join(k)}: one's winner / all's = {r['one'] / r['all']:.3f}" for k, r in worse.iterrows()))
     for r in steps.itertuples():
         lines.append(f"{r.step}: {r.measured} configs in {r.wall_s:.0f} s on {r.gpus} GPU(s) {r.by_gpu}; studies "
                      f"not exactly at budget: {r.studies_not_exact}; configs measured twice: {r.configs_measured_twice}")
