@@ -7,7 +7,8 @@ time with inputs warm in L2, as inside a graphed training step; per call with
 L2 flushed, kernels_core.timing.bench, for an op that cannot be captured or on the
 CPU). Results go to <out>/<target>/trials.csv (a row per
 trial, flushed as it ends), the Optuna storage (committed per trial), and
-<out>/<target>/best.json (the winners, rewritten atomically after each study).
+<out>/<target>/best.json (the winners, rewritten atomically after each study; an entry
+already there is replaced only by a winner that beats its config in the same run).
 Re-running a command resumes it; a SIGKILL loses at most the trials in flight.
 
 Several machines can share studies through one RDB URL (e.g.
@@ -251,7 +252,15 @@ class Search:
                     and (name, str(t.number)) not in have and studies.owner_dead(t.user_attrs.get("owner"))):
                 self.csv.append(t.user_attrs["row"])
 
-    def baselines(self, job: Job) -> dict:
+    def baselines(self, job: Job, study: optuna.Study) -> dict:
+        """The default config's time, torch's, and the incumbent's: the config best.json already
+        holds for this call (a valid one the study has not measured; the default's time when it is
+        the default), which the study's winner must beat in this run to replace (_write_best). A
+        re-tune after a kernel change, or with another seed or storage, draws other configs; its
+        best of a budget can be slower than the entry it would overwrite, and times recorded in
+        another run do not compare (experiments/NOTES.md, section 19). A study resumed with a
+        larger budget has its own earlier winner among its trials, and judges it by its trial like
+        every other config."""
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
         out = {}
         config = job.space.default_for(self.target.arch)
@@ -259,12 +268,36 @@ class Search:
         default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
             0, call, job.backend, config, self.args.seed)
         torch_ = self.pool.evaluate(0, call, "torch", None, self.args.seed)
-        for label, result in (("default", default), ("torch", torch_)):
+        measured = [("default", default), ("torch", torch_)]
+        incumbent = self._incumbent(job)
+        with self.lock:
+            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        if incumbent is not None and incumbent not in tried:
+            out["incumbent"] = incumbent
+            same = not problem and incumbent == job.space.resolve(config, elt, self.target.arch)
+            measured.append(("incumbent", default if same else self.pool.evaluate(
+                0, call, job.backend, incumbent, self.args.seed)))
+        for label, result in measured:
             if result.get("status") == "ok":
                 out[f"{label}_ms"] = result["time_ms"]
             else:
                 out[f"{label}_problem"] = f"{result.get('status')}: {result.get('error')}"
         return out
+
+    def _incumbent(self, job: Job) -> dict | None:
+        """best.json's config for this call, resolved, if the space and the target still take it."""
+        if not self.best_path.exists():
+            return None
+        entry = load_store(self.best_path, self.target).entries.get(
+            (job.call.op, job.backend, job.call.dtype, job.call.key))
+        if entry is None:
+            return None
+        elt = DTYPES[job.call.dtype].itemsize
+        try:
+            config = job.space.resolve(entry["config"], elt, self.target.arch)
+        except ValueError:
+            return None
+        return None if self.target.target_violation(job.space, config, elt) else config
 
     def run_study(self, job: Job, opened) -> None:
         name, view, study, runner, baselines = opened
@@ -272,7 +305,7 @@ class Search:
         left = runner.left()
         if left:
             self.bar.set_description(f"{job.call.op}:{job.backend}:{job.call.dtype}:{job.call.key}")
-            baselines.update(self.baselines(job))
+            baselines.update(self.baselines(job, study))
             with self.lock:
                 study.set_user_attr("baselines", baselines)
             threads = [threading.Thread(target=self._work, args=(runner, job, i), daemon=True)
@@ -335,7 +368,15 @@ class Search:
                    "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
                    "invalid": counts["invalid"], "note": (runner.ended or baselines.get("default_problem", ""))[:80]}
-        if best is not None:
+        kept = best is not None and baselines.get("incumbent_ms") is not None \
+            and baselines["incumbent_ms"] <= best.user_attrs["row"]["time_ms"]
+        if kept:
+            t, default_ms, torch_ms = baselines["incumbent_ms"], baselines.get("default_ms"), baselines.get("torch_ms")
+            summary.update({"best config": _fmt_config(baselines["incumbent"]), "time_ms": t,
+                            "vs default": default_ms / t if default_ms else None,
+                            "vs torch": torch_ms / t if torch_ms else None,
+                            "note": f"best.json's entry kept: the study's best took {best.user_attrs['row']['time_ms']:.4g} ms"})
+        if best is not None and not kept:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                      "config": best.user_attrs["config"], "trials": measured, "failures": failures,

@@ -136,6 +136,42 @@ def test_resume_after_sigkill_redoes_nothing(tmp_path):
         "matmul", "fake", "fp32", "16x16x16:nn")[1] == "tuned"
 
 
+def test_a_re_tune_keeps_the_store_entry_its_winner_does_not_beat(tmp_path):
+    """A study's winner replaces best.json's entry for its call only if it beats that entry's
+    config timed in the same run. The fake matmul is fastest at BLOCK_M=32, BLOCK_N=64, SPLIT=1 by
+    a factor of two; written into every entry, it survives a re-tune of two configs per study,
+    where each study's own best would have replaced it."""
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
+            "16x16x16,16x32x16,32x16x16,32x32x16", "--sampler", "random", "--trials", "2"]
+    search(tmp_path, *args, "--seed", "1")
+    path = tmp_path / "out" / "cpu" / "best.json"
+    fastest = {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT": 1}
+    store = json.loads(path.read_text())
+    for entry in store["entries"]:
+        entry["config"] = dict(fastest)
+    path.write_text(json.dumps(store))
+    out = search(tmp_path, *args, "--seed", "2", "--study-prefix", "again:")
+    assert [e["config"] for e in json.loads(path.read_text())["entries"]] == [fastest] * 4
+    rows = counted(trials(tmp_path))
+    drawn = rows[(rows["BLOCK_M"] == 32) & (rows["BLOCK_N"] == 64) & (rows["SPLIT"] == 1)]
+    assert rows["shape"].nunique() > drawn["shape"].nunique()  # some study never measured it itself
+    assert "best.json's entry kept: the study's best took" in out.stdout
+
+
+def test_a_study_resumed_with_a_larger_budget_judges_its_own_winner_by_its_trial(tmp_path):
+    """The entry a study wrote is one of its trials: resumed with more trials, the study's best
+    (by the trials' times) is the entry, whether or not it is the first run's winner."""
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
+            "16x16x16,32x32x16", "--sampler", "random", "--seed", "4"]
+    search(tmp_path, *args, "--trials", "2")
+    out = search(tmp_path, *args, "--trials", "6")
+    assert "entry kept" not in out.stdout
+    rows = counted(trials(tmp_path))
+    best = rows.loc[rows.groupby("shape")["time_ms"].idxmin()].set_index("shape")
+    for entry in json.loads((tmp_path / "out" / "cpu" / "best.json").read_text())["entries"]:
+        assert entry["config"] == {k: int(best.loc[entry["shape"], k]) for k in ("BLOCK_M", "BLOCK_N", "SPLIT")}
+
+
 def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
     search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
            "--shapes", "16x16x16:tn", "--trials", "12", "--workers", "2", "--sampler", "random")
