@@ -316,8 +316,8 @@ struct XentArgs {
 
 constexpr int XENT_CHUNK = 16;
 
-// The labels of the rows thread t handles in xent_tile (rows t, t + T, ... of the tile), loaded at
-// the block's start; label 0 for an index outside labels (the contract's zero row) and for rows
+// The labels of the rows thread t handles in xent_tile (rows t, t + T, ... of the tile), loaded with
+// the epilogue's other reads, before the main loop; label 0 for an index outside labels (the contract's zero row) and for rows
 // past M, which xent_tile skips.
 template <int BM, int T>
 struct XentLabels {
@@ -474,12 +474,12 @@ __device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT
 }
 
 // The epilogues' operands from memory (the bias, relu_grad_of's y, linear_sgd's w and its
-// buffer) are prefetched into L1 at the block's start, so that their trips to L2 overlap the
-// main loop. After it, each would follow the last mma: linear_sgd's epilogue reads w and its
-// buffer group by group, each read followed by stores the compiler cannot move it past (the
-// pointers may alias, as far as it knows), so every group waited for its own L2 round trip (on
-// an H200 the fused dW of a 128 x 784 x 128 layer took 13.3 µs against the plain GEMM's 7.3,
-// experiments/NOTES.md, section 13; prefetched after the loop, one trip: section 19).
+// buffer) are prefetched into L1 before the main loop, once its first copies are queued, so that
+// their trips to L2 overlap the loop (experiments/NOTES.md, section 19). linear_sgd's epilogue
+// reads w and its buffer group by group, each read followed by stores the compiler cannot move it
+// past (the pointers may alias, as far as it knows): unprefetched, every group waited for its own
+// L2 round trip (on an H200 the fused dW of a 128 x 784 x 128 layer took 13.3 µs against the
+// plain GEMM's 7.3, section 13).
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Whether groups of CNT elements starting at multiples of CNT of row-major [., N] arrays p, buf
@@ -495,10 +495,11 @@ __device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typenam
 // op(B)[k, n] (B = dy, K = the batch), in fp32 in k order (deterministic), then sgd_step on
 // bias, b_buf and b_low for columns n0 .. n0 + BN - 1. The sums come from the tiles of dy the
 // main loop stages in shared memory anyway (add, once per k step, while the stage is live):
-// summing dy's columns again from global memory after the loop, one thread per column, cost the
-// one-warp linear_sgd configs two trips to L2 for K = 32 after the w update's (SASS: 16-load
-// batches), about 2.8 µs over the plain GEMM's 2.1 on the H200 (experiments/NOTES.md,
-// section 19). Thread t owns columns t, t + T, ...; its bias lines are prefetched at the start.
+// summed again from global memory after the loop, one thread per column, dy's columns cost the
+// one-warp linear_sgd configs two more trips to L2 for K = 32 (SASS: 16-load batches); with the
+// sums from the staged tiles and the w lines prefetched, the seed step's linear_sgd calls took
+// 0.35-0.73 µs less on the H200 (experiments/NOTES.md, section 19). Thread t owns columns
+// t, t + T, ...; prefetch sends for their bias lines with the epilogue's other reads.
 template <int BN, int T>
 struct BiasGrad {
     static constexpr int PER = (BN + T - 1) / T;
