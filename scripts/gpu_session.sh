@@ -8,7 +8,7 @@
 #   bash scripts/gpu_session.sh "tune:520@0 | testall:520@1"
 # Stages: tests, testall, bench, tune, compare (compare2, ...), quality (see the case list
 # below); their extra arguments come from TUNE_ARGS, BENCH_ARGS, COMPARE_ARGS (COMPARE2_ARGS, ...),
-# QUALITY_ARGS, TEST_ARGS.
+# QUALITY_ARGS, TEST_ARGS (and TEST_SHARDS: the tests stage's processes, default 12).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/lab-out}
@@ -32,7 +32,9 @@ run_lane() {
         local stage=${spec%%:*} rest=${spec#*:}
         local limit=${rest%%@*}
         case $stage in
-            tests)   run_stage tests "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_ARGS:-} ;;
+            # In TEST_SHARDS processes (tests/shards.py): a cold machine compiles that many kernels at once.
+            tests)   run_stage tests "$limit" python3 -m tests.shards --shards "${TEST_SHARDS:-12}" --limit $((limit - 20)) \
+                         --log-dir "$LOGS/shards" -- -q -m gpu ${TEST_ARGS:-} ;;
             testall) run_stage testall "$limit" python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ;;
             bench)   run_stage bench "$limit" python3 -m experiments.bench_kernels ${BENCH_ARGS:-} ;;
             tune)    run_stage tune "$limit" python3 -m autotune.search --workload mnist-mlp --backends cuda,triton ${TUNE_ARGS:-} ;;
