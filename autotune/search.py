@@ -44,6 +44,12 @@ from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
 
 DEFAULT_TRIALS = 50
+# A worker is set aside after this many trials in a row end with it crashed, hung or unable to
+# launch: a lost GPU would otherwise cost every trial left a restart and a failure (about 10 s
+# each, or --timeout for a hang). Healthy GPUs see such outcomes one config at a time, rarely more
+# than a few in a row (tests/fake_backend.py's grid of them has 4).
+MAX_FAILURES_IN_A_ROW = 10
+WORKER_FAILURES = ("launch_error", "timeout")
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
 SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
@@ -104,6 +110,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "or their samplers propose the same configs and spend suggestions on each other's")
     p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
                    "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
+    p.add_argument("--max-failures-in-a-row", type=int, default=MAX_FAILURES_IN_A_ROW,
+                   help="a worker whose trials end this many times in a row with it crashed, hung or unable to "
+                        "launch (a lost GPU) gets no more; the search stops when none is left "
+                        f"(default {MAX_FAILURES_IN_A_ROW})")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every (sampled) config for --target and record registers, smem, spills; no GPU, "
                         "no study, no shapes")
@@ -114,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--trials must be >= 1")
     if args.workers is not None and args.workers < 1:
         p.error("--workers must be >= 1")
+    if args.max_failures_in_a_row < 1:
+        p.error("--max-failures-in-a-row must be >= 1")
     given = [f"--{name.replace('_', '-')}" for name in SEARCH_ONLY if getattr(args, name) is not None]
     if args.compile_only and given:
         p.error(f"{', '.join(given)}: not used by --compile-only, which compiles each config once for the "
@@ -185,6 +197,8 @@ class Search:
         self.prov = provenance()
         self.stop = threading.Event()
         self.crashed: list[BaseException] = []  # what ended a worker thread other than its work running out
+        self.failures_in_a_row = [0] * len(self.pool)  # per worker, across studies
+        self.retired: dict[int, str] = {}  # workers given no more trials, and why
         self.summary: list[dict] = []
         self.bar: tqdm | None = None
 
@@ -265,9 +279,10 @@ class Search:
         out = {}
         config = job.space.default_for(self.target.arch)
         problem = self.target.target_violation(job.space, config, elt)
+        first = self.live()[0]
         default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
-            0, call, job.backend, config, self.args.seed)
-        torch_ = self.pool.evaluate(0, call, "torch", None, self.args.seed)
+            first, call, job.backend, config, self.args.seed)
+        torch_ = self.pool.evaluate(first, call, "torch", None, self.args.seed)
         measured = [("default", default), ("torch", torch_)]
         incumbent = self._incumbent(job)
         with self.lock:
@@ -276,7 +291,7 @@ class Search:
             out["incumbent"] = incumbent
             same = not problem and incumbent == job.space.resolve(config, elt, self.target.arch)
             measured.append(("incumbent", default if same else self.pool.evaluate(
-                0, call, job.backend, incumbent, self.args.seed)))
+                first, call, job.backend, incumbent, self.args.seed)))
         for label, result in measured:
             if result.get("status") == "ok":
                 out[f"{label}_ms"] = result["time_ms"]
@@ -309,7 +324,7 @@ class Search:
             with self.lock:
                 study.set_user_attr("baselines", baselines)
             threads = [threading.Thread(target=self._work, args=(runner, job, i), daemon=True)
-                       for i in range(len(self.pool))]
+                       for i in self.live()]
             for t in threads:
                 t.start()
             try:
@@ -330,6 +345,31 @@ class Search:
         self.bar.total -= max(0, left - done_now)
         self.bar.refresh()
         self._write_best(job, name, study, runner)
+
+    def live(self) -> list[int]:
+        """The workers still given trials; a SearchError when none is."""
+        live = [i for i in range(len(self.pool)) if i not in self.retired]
+        if not live:
+            raise SearchError("no worker left to run trials: " + "; ".join(self.retired.values())
+                              + ". The trials so far are saved: once the GPU works again, the same command resumes")
+        return live
+
+    def _count_failure(self, index: int, result: dict) -> bool:
+        """Counts a trial's outcome against its worker; True when the worker is to be set aside."""
+        if result.get("status") not in WORKER_FAILURES:
+            self.failures_in_a_row[index] = 0
+            return False
+        self.failures_in_a_row[index] += 1
+        n = self.failures_in_a_row[index]
+        if n < self.args.max_failures_in_a_row:
+            return False
+        gpu = self.pool.workers[index][1]
+        why = (f"worker {index}{f' (GPU {gpu})' if gpu is not None else ''}: {n} trials in a row ended "
+               f"{result['status']} (the last: {str(result.get('error'))[:200]})")
+        with self.lock:
+            self.retired[index] = why
+        tqdm.write(f"autotune: {why}; it gets no more trials", file=sys.stderr)
+        return True
 
     def _work(self, runner: StudyRunner, job: Job, index: int) -> None:
         try:
@@ -356,6 +396,12 @@ class Search:
                 runner.abandon(candidate)
                 return
             runner.complete(candidate, result)
+            if self._count_failure(index, result):
+                with self.lock:
+                    alone = len(self.retired) == len(self.pool)
+                if alone:
+                    self.live()  # raises: the study cannot go on
+                return
 
     def _write_best(self, job: Job, name: str, study: optuna.Study, runner: StudyRunner) -> None:
         with self.lock:
@@ -441,6 +487,8 @@ class Search:
               f"invalid before compiling ({sum(s['invalid'] for s in self.summary)} in the studies).")
         for line in self.plan.skipped:
             print(f"skipped {line}")
+        for why in self.retired.values():
+            print(f"set aside: {why}")
         if interrupted:
             print("interrupted: trials in flight were dropped; re-run the same command to resume.")
         print(f"trials: {self.csv.path}\nbest:   {self.best_path}\nstudies: {shown_url(self.args.storage)}")

@@ -4,7 +4,8 @@ Select it with AUTOTUNE_BACKENDS=fake=tests.fake_backend and --backends fake.
 relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
 3 hang, 4 process crash. matmul is correct for every config and is fastest
 at BLOCK_M=32, BLOCK_N=64, so a search has something to find. FAKE_COMPILE_S
-makes each config's first call slow, like a real compile.
+makes each config's first call slow, like a real compile; FAKE_LOST_GPU=1 makes
+every call kill its process, as every launch does on a GPU that fell off the bus.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def space(op: str, dtype: str) -> Space:
 
 
 def _resolve(op, config, dtype_bytes=4):
+    if os.environ.get("FAKE_LOST_GPU"):
+        os._exit(9)
     return space(op, "fp32").resolve(config, dtype_bytes)
 
 

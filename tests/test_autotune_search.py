@@ -92,6 +92,25 @@ def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
     assert "all 10 valid configs measured" in out.stdout  # budget 20: the study ended early, and says so
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_lost_gpu_stops_the_search_after_failures_in_a_row_not_at_the_budget(tmp_path, workers):
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
+            "16x16x16", "--sampler", "random", "--trials", "20", "--max-failures-in-a-row", "3",
+            "--workers", str(workers)]
+    result = subprocess.run(cli(tmp_path, *args), cwd=REPO, env=env(FAKE_LOST_GPU="1"), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no worker left to run trials" in result.stderr and "3 trials in a row ended launch_error" in result.stderr
+    assert result.stderr.count("it gets no more trials") == workers
+    rows = counted(trials(tmp_path))
+    assert set(rows["status"]) == {"launch_error"}
+    assert len(rows) == 3 * workers  # each worker's 3 in a row, then none
+    # The trials are saved: the search resumes from them once the GPU is back.
+    search(tmp_path, *args[:-4])
+    after = counted(trials(tmp_path))
+    assert len(after) == 20 and (after["status"] == "ok").sum() == 20 - len(rows)
+
+
 def test_resume_after_sigkill_redoes_nothing(tmp_path):
     args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
             "--shapes", "16x16x16", "--sampler", "random", "--trials", "10", "--seed", "3"]

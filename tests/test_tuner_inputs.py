@@ -274,6 +274,15 @@ def test_timeout_must_be_a_finite_positive_number_of_seconds(value, capsys):
     assert "--timeout" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_max_failures_in_a_row_must_be_at_least_one(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        search.parse_args(["--max-failures-in-a-row", value])
+    assert info.value.code == 2
+    assert "--max-failures-in-a-row" in capsys.readouterr().err
+    assert search.parse_args([]).max_failures_in_a_row == search.MAX_FAILURES_IN_A_ROW
+
+
 @pytest.mark.parametrize("flags", [["--shapes", "64x64"], ["--storage", "sqlite:///x.db"], ["--hidden", "64"],
                                    ["--layers", "3"], ["--batch-size", "32"], ["--sampler", "random"]])
 def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
