@@ -180,3 +180,20 @@ def test_bench_wgmma_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_wgmma.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_accuracy_spread_runs_each_seed_once_and_summarizes_the_runs_of_its_settings(tmp_path, capsys):
+    from experiments import accuracy_spread
+
+    results = tmp_path / "spread.csv"
+    args = ["--hidden", "8", "--epochs", "1", "--train-subset", "256", "--results", str(results),
+            "--out", str(tmp_path / "out")]
+    assert accuracy_spread.main([*args, "--seeds", "0-1"]) == 0
+    assert accuracy_spread.main([*args, "--seeds", "0,1,4"]) == 0  # seeds 0 and 1 are not run again
+    rows = pd.read_csv(results)
+    assert sorted(rows["seed"]) == [0, 1, 4] and rows["test_accuracy"].between(0, 1).all()
+    assert len(set(rows["test_accuracy"])) > 1  # the seed moves the outcome: each run is its own
+    out = capsys.readouterr().out
+    assert "0 of 3 seeds reached 98%" in out and "runs >= 98%" in out
+    table = accuracy_spread.summary(rows.assign(test_accuracy=[0.97, 0.985, 0.99]))
+    assert table.iloc[0]["runs >= 98%"] == 2 and table.iloc[0]["min"] == 0.97
