@@ -20,8 +20,9 @@ from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
-# space under 1000 configs and dense enough that about 1 in 7 of the tuner's
-# tunable-by-tunable suggestions is valid: GROUP_M = 8 (a grid of few tiles
+# space near 1000 configs (sm_90: SIMT 1328, tensor cores 900) and dense enough
+# that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
+# default sampler proposes valid configs only): GROUP_M = 8 (a grid of few tiles
 # runs at once, the order of its blocks hardly matters), on the SIMT kernel
 # num_stages = 2 (the prefetching loop), on the tensor-core kernel tiles up
 # to 128 x 128 (an output that needs split-K is cut into smaller tiles first).
@@ -33,14 +34,21 @@ VEC_BYTES = 16
 
 # Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread, so the block
 # has BLOCK_M * BLOCK_N / (THREAD_M * THREAD_N) threads (whole warps, at most
-# 8). The register-staged copies hold BLOCK_K * (BLOCK_M + BLOCK_N) / threads
-# floats per thread; capping that at 32 keeps big-tile configs from spilling.
+# 8). Each thread holds its accumulators and its share of the register-staged
+# copies, BLOCK_K * (BLOCK_M + BLOCK_N) / threads floats. Under ptxas for sm_90,
+# 96 of the two together spilled nothing new in a 198-variant sample (16x32 to
+# 128x128 tiles, BLOCK_K 32 to 128, three layouts and epilogues) and at most 24
+# bytes in 2 of the 132 variants at that edge, where 112 spilled in a third of
+# the sample's (up to 204 bytes); tests/test_cuda_compile.py builds the edge.
+# So small tiles may take BLOCK_K = 64 or 128: the default protocol's K = 128
+# products at H = 128 (dW, the loss, the second layer) then take one or two k
+# steps, one trip to L2 each, where BLOCK_K = 32 made four (NOTES, section 20).
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
 SIMT_SPACE = Space(
     params={
         "BLOCK_M": (16, 32, 64, 128, 256),
         "BLOCK_N": (16, 32, 64, 128, 256),
-        "BLOCK_K": (8, 16, 32),
+        "BLOCK_K": (8, 16, 32, 64, 128),
         "THREAD_M": (4, 8),
         "THREAD_N": (4, 8),
         "num_stages": (1, 2),
@@ -53,7 +61,8 @@ SIMT_SPACE = Space(
     },
     restrictions=(
         f"{SIMT_THREADS} % 32 == 0 and {SIMT_THREADS} <= 256  # whole warps, at most 8",
-        f"BLOCK_K * (BLOCK_M + BLOCK_N) <= 32 * {SIMT_THREADS}  # at most 32 staged floats per thread",
+        f"THREAD_M * THREAD_N + BLOCK_K * (BLOCK_M + BLOCK_N) / {SIMT_THREADS} <= 96"
+        "  # accumulators + staged copies: at most 96 floats per thread",
         "SPLIT_K == 1 or (num_stages == 2 and GROUP_M == 8)  # split-K configs fix these (see above)",
         "elt == 4",
     ),

@@ -336,6 +336,39 @@ def test_fused_paths_build_without_spills(dtype, arch):
 
 
 @needs_nvcc
+@pytest.mark.slow  # about 25 s of nvcc
+def test_simt_configs_at_the_register_rules_edge_build_without_real_spills():
+    """The SIMT space allows THREAD_M * THREAD_N accumulators + staged copies up to 96 floats per
+    thread (kernels_cuda/matmul.py). The configs at the rule's edge (the most floats per thread
+    the space allows for each thread tile, with BLOCK_K >= 64 and two stages; of each, the
+    smallest and the largest block) spilled at most 24 bytes under ptxas for sm_90 (64 x 64 x 64
+    on 4 x 8 threads, both operands k-contiguous), where configs of 112 spilled up to 204: a rule
+    moved past what the registers hold moves this edge, and fails here."""
+    from kernels_cuda.matmul import SIMT_SPACE, simt_variant
+
+    def floats(c):
+        return c["THREAD_M"] * c["THREAD_N"] + c["BLOCK_K"] * (c["BLOCK_M"] + c["BLOCK_N"]) * (
+            c["THREAD_M"] * c["THREAD_N"]) / (c["BLOCK_M"] * c["BLOCK_N"])
+
+    wide = [c for c in SIMT_SPACE.configs(4, 90)
+            if c["BLOCK_K"] >= 64 and c["num_stages"] == 2 and c["SPLIT_K"] == 1 and c["GROUP_M"] == 1]
+    edge = []
+    for tile in sorted({(c["THREAD_M"], c["THREAD_N"]) for c in wide}):
+        mine = [c for c in wide if (c["THREAD_M"], c["THREAD_N"]) == tile]
+        top = [c for c in mine if floats(c) == max(map(floats, mine))]
+        edge += {id(c): c for c in (min(top, key=lambda c: c["BLOCK_M"] * c["BLOCK_N"]),
+                                    max(top, key=lambda c: c["BLOCK_M"] * c["BLOCK_N"]))}.values()
+    assert len(edge) >= 3
+    # The forward product, linear_sgd's x^T @ dy, relu_grad_of's dy @ w^T.
+    layouts = ((1, 0, 1, 1, 0, "plain"), (0, 0, 0, 0, 0, "sgd"), (1, 1, 0, 0, 0, "relu_grad"))
+    variants = [simt_variant(cfg, a_kc, b_kc, 4, 4, bias, relu, rows, epi)
+                for cfg in edge for a_kc, b_kc, bias, relu, rows, epi in layouts]
+    smem = [SIMT_SPACE.cost(cfg, 4, 90)["smem_bytes"] for cfg in edge for _ in layouts]
+    for v, rep in zip(variants, reports.compile_variants(variants, smem, 90)):
+        assert 0 < rep["registers"] <= 255 and rep["spill_bytes"] <= 32, (v.name_expr, rep)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_row_tile_loss_protocol_in_ptx(dtype, tmp_path):
     """linear_cross_entropy's deterministic mean in the compiled code, in the order common.cuh
