@@ -422,6 +422,24 @@ def test_splitk_configs_across_the_space(rng, dtype):
 
 
 @pytest.mark.gpu
+def test_simt_wide_k_steps_across_the_layouts(rng):
+    """The SIMT configs with BLOCK_K 64 or 128 (the register rule's edge, kernels_cuda/matmul.py): a
+    fixed sample, plain and split-K, each on K below one k step, between, and past several, in all
+    four layouts with bias and ReLU, against float64."""
+    import random
+
+    from tests.test_ops import check_matmul, matmul_operands, randn
+
+    configs = _fitting(kc.space("matmul", "fp32"), 4, lambda c: c["BLOCK_K"] >= 64)
+    for i, cfg in enumerate(random.Random("simt-wide-k").sample(configs, 8)):
+        trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
+        m, n, k = 37 + 20 * i, 10 + 13 * i, (7, 100, 333, 1013)[i % 4]
+        a, b = matmul_operands(rng, m, n, k, "fp32", "cuda", trans_a, trans_b)
+        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), "fp32", "cuda"),
+                     activation="relu", config=cfg)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split_k", (2, 16))
 def test_splitk_with_fp16_accumulation(rng, split_k):
     """Each slice accumulates in fp16 registers; the slices add up in fp32 and the sum is rounded
