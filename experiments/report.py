@@ -30,8 +30,10 @@ def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def _provenance(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     commits = sorted(df["commit"].astype(str).unique())  # a section's rows may come from several runs
-    return (f"{r['device']}, {str(r['utc'])[:10]}, torch {r['torch']}, triton {r['triton']}, "
-            f"cupy {r['cupy']}, CUDA {r['cuda']}, commit{'s' * (len(commits) > 1)} {', '.join(commits)}")
+    stack = [f"{name} {r[col]}" for name, col in (("torch", "torch"), ("triton", "triton"), ("cupy", "cupy"),
+                                                    ("CUDA", "cuda")) if pd.notna(r[col])]  # a CPU has no CUDA
+    return ", ".join([str(r["device"]), str(r["utc"])[:10], *stack,
+                      f"commit{'s' * (len(commits) > 1)} {', '.join(commits)}"])
 
 
 def _table(df: pd.DataFrame) -> str:
@@ -294,9 +296,27 @@ def search_section(gpu: str) -> list[str]:
     return lines
 
 
+def accuracy_section() -> list[str]:
+    """The seed spread of test accuracy (experiments.accuracy_spread), from every device's CSV."""
+    from experiments import accuracy_spread
+
+    lines = []
+    for path in sorted(RESULTS.glob("accuracy_spread_*.csv")):
+        df = pd.read_csv(path)
+        table = accuracy_spread.summary(df).reset_index()
+        for col in ("mean", "sd", "min", "max"):
+            table[col] = table[col].map("{:.4f}".format)
+        lines += [f"### Test accuracy over seeds ({_provenance(df)})", "",
+                  "`python -m experiments.accuracy_spread --hidden H --seeds S`: the same protocol and backend, only "
+                  "the seed (initial weights, data order) changed from run to run. A twin's run at one seed differs "
+                  "from torch's by its roundings, at H = 128 about as much as one seed from another "
+                  "(experiments/NOTES.md, section 20).", "", _table(table), ""]
+    return lines
+
+
 def render(gpu: str, target: str) -> str:
     lines = (kernels_section(gpu) + wgmma_section(gpu) + tuning_section(gpu, target) + search_section(gpu)
-             + gemms_section(gpu) + compare_section(gpu))
+             + gemms_section(gpu) + compare_section(gpu) + accuracy_section())
     if not lines:
         lines = ["No results yet: run the experiments on a GPU (see above)."]
     return "\n".join([BEGIN, "", *lines, END])
