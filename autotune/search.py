@@ -47,7 +47,7 @@ DEFAULT_TRIALS = 50
 # A worker is set aside after this many trials in a row end with it crashed, hung or unable to
 # launch: a lost GPU would otherwise cost every trial left a restart and a failure (about 10 s
 # each, or --timeout for a hang). Healthy GPUs see such outcomes one config at a time, rarely more
-# than a few in a row (tests/fake_backend.py's grid of them has 4).
+# than a few in a row (4 of tests/fake_backend.py's 10 valid relu configs crash or hang).
 MAX_FAILURES_IN_A_ROW = 10
 WORKER_FAILURES = ("launch_error", "timeout")
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
