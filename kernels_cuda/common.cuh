@@ -547,6 +547,45 @@ struct BiasGrad {
     }
 };
 
+// What a matmul kernel's epilogue reads from memory besides C's tile, sent for once the main
+// loop's first operand copies are queued (ahead of them the prefetches delayed the loop's first
+// wait: 0.1-0.3 µs on the H200's one-warp GEMMs, experiments/NOTES.md, section 19): the loss's
+// labels (XentLabels), in linear_sgd's blocks of tile row 0 (bias_step: they update the bias too)
+// the bias lines (BiasGrad), and per output the lines of the bias, of relu_grad_of's y, of
+// linear_sgd's w and its buffer. The kernels differ only in which outputs a thread holds: each
+// hands send() its columns and rows, cols(f) calling f(n) for each and rows(f) f(m).
+template <int EPI, int HAS_BIAS, int BM, int BN, int T>
+struct EpilogueReads {
+    XentLabels<BM, T> xent_labels;
+    BiasGrad<BN, T> bias_grad;
+    const bool bias_step;
+
+    __device__ __forceinline__ explicit EpilogueReads(int pid_m) : bias_step(EPI == EPI_SGD && pid_m == 0) {}
+
+    template <typename TB, typename TY, typename Cols, typename Rows>
+    __device__ __forceinline__ void send(const XentArgs& xent, int m0, int M, int n0, int N, const TB* bias,
+                                         const TY* relu_y, const float* w, const float* w_buf, const float* b,
+                                         const float* b_buf, Cols cols, Rows rows) {
+        if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
+        if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
+        if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD)
+            cols([&](int n) {
+                if (n >= N) return;
+                if (HAS_BIAS) prefetch_l1(bias + n);
+                if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD)
+                    rows([&](int m) {
+                        if (m >= M) return;
+                        const i64 at = (i64)m * N + n;
+                        if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
+                        if constexpr (EPI == EPI_SGD) {
+                            prefetch_l1(w + at);
+                            if (w_buf) prefetch_l1(w_buf + at);
+                        }
+                    });
+            });
+    }
+};
+
 // Flat work split of the elementwise kernels (elementwise.cu, optim.cu): the
 // tensor is n / VEC vectors; block b owns vectors [b * THREADS * ITEMS, +THREADS * ITEMS)
 // and thread t takes vector b * THREADS * ITEMS + i * THREADS + t for i < ITEMS,

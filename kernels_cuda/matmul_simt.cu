@@ -140,41 +140,26 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
-    // What the epilogue reads from memory (common.cuh: prefetch_l1, XentLabels, BiasGrad), sent for
-    // once the first k step's operand loads are issued, not ahead of them (matmul_tc.cu says why).
-    // A thread's rows are TM / 4 groups of 4, its columns TN / 4 groups of 4 (see the epilogue).
+    // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
+    // step's operand loads are issued: a thread's rows are TM / 4 groups of 4, its columns TN / 4
+    // groups of 4 (see the epilogue).
     const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
-    XentLabels<BM, T> xent_labels;
-    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
-    BiasGrad<BN, T> bias_grad;
+    EpilogueReads<EPI, HAS_BIAS, BM, BN, T> reads(pid_m);
     auto epilogue_reads = [&]() {
-        if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
-        if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
-        if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+        reads.send(
+            xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
+            [&](auto f) {
 #pragma unroll
-            for (int gn = 0; gn < TN / 4; ++gn) {
-                const int n = n0 + gn * 4 * RN + tx * 4;
-                if (n >= N) continue;
-                if (HAS_BIAS) prefetch_l1(bias + n);
-                if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+                for (int gn = 0; gn < TN / 4; ++gn) f(n0 + gn * 4 * RN + tx * 4);
+            },
+            [&](auto f) {
 #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
-                        if (m >= M) continue;
-                        const i64 at = (i64)m * N + n;
-                        if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
-                        if constexpr (EPI == EPI_SGD) {
-                            prefetch_l1(w + at);
-                            if (w_buf) prefetch_l1(w_buf + at);
-                        }
-                    }
-                }
-            }
-        }
+                for (int i = 0; i < TM; ++i) f(m0 + (i / 4) * 4 * RM + ty * 4 + i % 4);
+            });
     };
     // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
     auto add_bias = [&](const float* bs) {
-        if (bias_step) bias_grad.template add<BK>([&](int k, int c) { return bs[k * TileB::LD_S + c]; });
+        if (reads.bias_step) reads.bias_grad.template add<BK>([&](int k, int c) { return bs[k * TileB::LD_S + c]; });
     };
 
     float acc[TM][TN];
@@ -303,8 +288,9 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     }
     if constexpr (EPI == EPI_XENT)
-        xent_tile<DT_FP32, BM, T>(C, M, N, m0, pid_m, xent, xent_labels, reinterpret_cast<float*>(smem_raw));
-    if (bias_step) bias_grad.template step<DT_FP32>(b, n0, N, SgdArgs<float>{b_buf, b_low, lr, momentum, weight_decay});
+        xent_tile<DT_FP32, BM, T>(C, M, N, m0, pid_m, xent, reads.xent_labels, reinterpret_cast<float*>(smem_raw));
+    if (reads.bias_step)
+        reads.bias_grad.template step<DT_FP32>(b, n0, N, SgdArgs<float>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE

@@ -317,46 +317,31 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
-    // What the epilogue reads from memory (common.cuh: prefetch_l1, XentLabels, BiasGrad), sent for
-    // once the first k steps' operand copies are queued: ahead of them, the prefetches delayed the
-    // loop's first wait (0.1-0.3 µs on the H200's one-warp GEMMs, experiments/NOTES.md, section 19).
-    const int g = lane / 4, t = lane % 4;  // accumulator fragment roles: rows g, g + 8; columns 2t, 2t + 1
+    // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
+    // steps' operand copies are queued: a thread's outputs are its accumulator fragments' (rows g,
+    // g + 8 of each 16-row tile, columns 2t, 2t + 1 of each 8-column tile).
+    const int g = lane / 4, t = lane % 4;
     const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
-    XentLabels<BM, T> xent_labels;
-    const bool bias_step = EPI == EPI_SGD && pid_m == 0;  // linear_sgd's blocks of tile row 0
-    BiasGrad<BN, T> bias_grad;
+    EpilogueReads<EPI, HAS_BIAS, BM, BN, T> reads(pid_m);
     auto epilogue_reads = [&]() {
-        if constexpr (EPI == EPI_XENT) xent_labels.load(xent, m0, M);
-        if (bias_step) bias_grad.prefetch(b, b_buf, n0, N);
-        if constexpr (HAS_BIAS || EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+        reads.send(
+            xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
+            [&](auto f) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int n = n0 + wn * WN + j * 8 + 2 * t;
-                if (n >= N) continue;
-                if (HAS_BIAS) prefetch_l1(bias + n);
-                if constexpr (EPI == EPI_RELU_GRAD || EPI == EPI_SGD) {
+                for (int j = 0; j < NT; ++j) f(n0 + wn * WN + j * 8 + 2 * t);
+            },
+            [&](auto f) {
 #pragma unroll
-                    for (int i = 0; i < MT; ++i)
+                for (int i = 0; i < MT; ++i)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int m = m0 + wm * WM + i * 16 + g + 8 * h;
-                            if (m >= M) continue;
-                            const i64 at = (i64)m * N + n;
-                            if constexpr (EPI == EPI_RELU_GRAD) prefetch_l1(relu_y + at);
-                            if constexpr (EPI == EPI_SGD) {
-                                prefetch_l1(w + at);
-                                if (w_buf) prefetch_l1(w_buf + at);
-                            }
-                        }
-                }
-            }
-        }
+                    for (int h = 0; h < 2; ++h) f(m0 + wm * WM + i * 16 + g + 8 * h);
+            });
     };
     // Adds stage s's rows of op(B) to the bias sums.
     auto add_bias = [&](int s) {
-        if (!bias_step) return;
+        if (!reads.bias_step) return;
         const u16* bs = Bs + s * TileB::STAGE;
-        bias_grad.template add<BK>([&](int k, int c) {
+        reads.bias_grad.template add<BK>([&](int k, int c) {
             return E::load(B_KC ? bs[c * TileB::LD_S + k] : bs[k * TileB::LD_S + c]);
         });
     };
@@ -534,8 +519,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         }
     }
     if constexpr (EPI == EPI_XENT)
-        xent_tile<DT, BM, T>(C, M, N, m0, pid_m, xent, xent_labels, reinterpret_cast<float*>(smem_raw));
-    if (bias_step) bias_grad.template step<DT>(b, n0, N, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
+        xent_tile<DT, BM, T>(C, M, N, m0, pid_m, xent, reads.xent_labels, reinterpret_cast<float*>(smem_raw));
+    if (reads.bias_step) reads.bias_grad.template step<DT>(b, n0, N, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE
