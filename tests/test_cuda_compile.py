@@ -369,6 +369,27 @@ def test_simt_configs_at_the_register_rules_edge_build_without_real_spills():
 
 
 @needs_nvcc
+@pytest.mark.slow  # about 20 s of nvcc
+def test_tensor_core_k_steps_of_128_build_without_spills():
+    """BLOCK_K = 128 on the mma.sync kernel, at the smallest tile (16 x 16, one warp, 4 stages) and
+    at a large one (64 x 128, 8 warps, 3 stages: 156 KiB of ring), for the forward product with
+    gathered rows, linear_sgd and the loss: ptxas (sm_90) spilled none of 56 such variants."""
+    from kernels_cuda.matmul import TC_SPACE, tc_variant
+
+    configs = [{**TC_SPACE.default, "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": 128, "num_warps": w, "num_stages": st,
+                "GROUP_M": 1} for m, n, w, st in ((16, 16, 1, 4), (64, 128, 8, 3))]
+    paths = ((1, 0, 1, 1, 1, "plain"), (0, 0, 0, 0, 0, "sgd"), (1, 0, 1, 0, 0, "xent"))
+    variants, smem = [], []
+    for cfg in configs:
+        assert TC_SPACE.violated(cfg, 2, 90) is None, cfg
+        for a_kc, b_kc, bias, relu, rows, epi in paths:
+            variants.append(tc_variant(cfg, "fp16", 90, a_kc, b_kc, 8, 8, bias, relu, 0, rows, epi))
+            smem.append(TC_SPACE.cost(cfg, 2, 90)["smem_bytes"])
+    for v, rep in zip(variants, reports.compile_variants(variants, smem, 90)):
+        assert 0 < rep["registers"] <= 255 and rep["spill_bytes"] == 0, (v.name_expr, rep)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_row_tile_loss_protocol_in_ptx(dtype, tmp_path):
     """linear_cross_entropy's deterministic mean in the compiled code, in the order common.cuh

@@ -406,7 +406,7 @@ def test_fused_ops_refuse_bf16_before_sm80(fake_gpu, monkeypatch, rng):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_splitk_configs_across_the_space(rng, dtype):
     """A fixed sample of the space's SPLIT_K > 1 configs (tiles up to 128 x 128, 1 to 8 warps,
-    BLOCK_K up to 64), each on a K no slice divides, in all four layouts, against float64."""
+    BLOCK_K up to 128), each on a K no slice divides, in all four layouts, against float64."""
     import random
 
     from tests.test_ops import check_matmul, local_arch, matmul_operands, randn
@@ -422,20 +422,24 @@ def test_splitk_configs_across_the_space(rng, dtype):
 
 
 @pytest.mark.gpu
-def test_simt_wide_k_steps_across_the_layouts(rng):
-    """The SIMT configs with BLOCK_K 64 or 128 (the register rule's edge, kernels_cuda/matmul.py): a
-    fixed sample, plain and split-K, each on K below one k step, between, and past several, in all
-    four layouts with bias and ReLU, against float64."""
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_wide_k_steps_across_the_layouts(rng, dtype):
+    """The configs of the widest k steps the spaces gained in session 10 (SIMT: BLOCK_K 64 and 128 at
+    the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, each on
+    K below one k step, between, and past several, in all four layouts with bias and ReLU, against
+    float64."""
     import random
 
     from tests.test_ops import check_matmul, matmul_operands, randn
 
-    configs = _fitting(kc.space("matmul", "fp32"), 4, lambda c: c["BLOCK_K"] >= 64)
-    for i, cfg in enumerate(random.Random("simt-wide-k").sample(configs, 8)):
+    wide = 64 if dtype == "fp32" else 128
+    configs = _fitting(kc.space("matmul", dtype), DTYPES[dtype].itemsize,
+                       lambda c: c["BLOCK_K"] >= wide and not c.get("WGMMA"))
+    for i, cfg in enumerate(random.Random(f"wide-k-{dtype}").sample(configs, 8)):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
         m, n, k = 37 + 20 * i, 10 + 13 * i, (7, 100, 333, 1013)[i % 4]
-        a, b = matmul_operands(rng, m, n, k, "fp32", "cuda", trans_a, trans_b)
-        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), "fp32", "cuda"),
+        a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
+        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, "cuda"),
                      activation="relu", config=cfg)
 
 
