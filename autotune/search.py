@@ -397,10 +397,7 @@ class Search:
                 return
             runner.complete(candidate, result)
             if self._count_failure(index, result):
-                with self.lock:
-                    alone = len(self.retired) == len(self.pool)
-                if alone:
-                    self.live()  # raises: the study cannot go on
+                self.live()  # raises when no worker is left: the study cannot go on
                 return
 
     def _write_best(self, job: Job, name: str, study: optuna.Study, runner: StudyRunner) -> None:

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append("SIGTERM"))  # the stage's own timeout: summarize first
-    from tqdm import tqdm
+    from tqdm import tqdm  # here, not at the top: every shard imports this module as its plugin
 
     with tqdm(desc="tests", unit="test", file=sys.stdout, mininterval=10, dynamic_ncols=True) as bar:
         while True:
