@@ -178,14 +178,18 @@ struct TcTile {
     // sm_80+, operands read straight (no gathered rows) in chunks of V >= 2: this thread's copies of
     // every k step, what no k step changes worked out once. Its chunks are c = threadIdx.x + p * T,
     // chunk p DR rows or DC columns past chunk 0 (CPR, the chunks of a row, and T are powers of two,
-    // so one divides the other). Working out every chunk's address and edges from scratch at each k
-    // step, as load_async does, took about 150 instructions a stage in the one-warp 16 x 16 GEMMs,
-    // where one warp per multiprocessor waits on each instruction's latency (experiments/NOTES.md,
-    // section 19). K_ROWS: k runs along the tile's rows (element (r, c) of the step at k0 is
-    // X[(k0 + r) * ld + origin + c] with R = K), else along its columns (X[(origin + r) * ld + k0 + c],
-    // CN = K).
+    // so one divides the other), which holds while a row has no more chunks than the block has
+    // threads or a thread's chunks all lie in one row (STRIDED); past that chunk p wraps into the
+    // next row, and the kernel takes load_async (one warp reading 128-wide rows 4 bytes at a time:
+    // BLOCK_K = 128 at K = 10 wrote garbage on the H200, experiments/NOTES.md, section 20). Working
+    // out every chunk's address and edges from scratch at each k step, as load_async does, took
+    // about 150 instructions a stage in the one-warp 16 x 16 GEMMs, where one warp per
+    // multiprocessor waits on each instruction's latency (section 19). K_ROWS: k runs along the
+    // tile's rows (element (r, c) of the step at k0 is X[(k0 + r) * ld + origin + c] with R = K),
+    // else along its columns (X[(origin + r) * ld + k0 + c], CN = K).
     static constexpr int CPR = COLS / V;
     static constexpr int DR = T >= CPR ? T / CPR : 0, DC = T >= CPR ? 0 : T * V;
+    static constexpr bool STRIDED = T >= CPR || PER_THREAD * T <= CPR;  // Async's chunk map holds
 
     template <int K_ROWS>
     struct Async {
@@ -206,7 +210,8 @@ struct TcTile {
         // X (every thread of an inner tile) copies them whole; at an edge cp.async's src-size
         // zero-fills what lies outside X, and no address outside it is formed.
         __device__ __forceinline__ void load(const u16* X, i64 ld, int s, int k0) const {
-            static_assert(V >= 2 && !GATHER, "2-byte chunks and gathered rows take load_async");
+            static_assert(V >= 2 && !GATHER && STRIDED, "2-byte chunks, gathered rows, rows of more chunks than "
+                                                        "threads take load_async");
             const i64 from = at + (K_ROWS ? (i64)k0 * ld : k0), dp = DR * ld + DC;
             const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
             const u32 to = dst + 2 * s * STAGE;
@@ -392,7 +397,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int KT = (K + BK - 1) / BK;
     if constexpr (SM80) {
         // Queues copies of k-slice kt of both operands into stage s.
-        constexpr bool A_ASYNC = !A_ROWS && VA >= 2, B_ASYNC = VB >= 2;  // TcTile::Async's cases
+        // TcTile::Async's cases; the rest take load_async.
+        constexpr bool A_ASYNC = !A_ROWS && VA >= 2 && TileA::STRIDED, B_ASYNC = VB >= 2 && TileB::STRIDED;
         const typename TileA::template Async<!A_KC> async_a(As, lda, m0, A_KC ? M : K, A_KC ? K : M);
         const typename TileB::template Async<!B_KC> async_b(Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
         auto load_stage = [&](int s, int kt) {

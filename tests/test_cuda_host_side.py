@@ -425,9 +425,10 @@ def test_splitk_configs_across_the_space(rng, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_wide_k_steps_across_the_layouts(rng, dtype):
     """The configs of the widest k steps the spaces gained in session 10 (SIMT: BLOCK_K 64 and 128 at
-    the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, each on
-    K below one k step, between, and past several, in all four layouts with bias and ReLU, against
-    float64."""
+    the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, in all
+    four layouts with bias and ReLU, against float64; and every one-warp tensor-core tile at BLOCK_K
+    128 on K = 10, whose k-contiguous rows are read 4 bytes at a time: 32 x 64 and 64 x 32 wrote
+    garbage there (relative error 1) until the copies took load_async (NOTES section 20)."""
     import random
 
     from tests.test_ops import check_matmul, matmul_operands, randn
@@ -437,10 +438,21 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
                        lambda c: c["BLOCK_K"] >= wide and not c.get("WGMMA"))
     for i, cfg in enumerate(random.Random(f"wide-k-{dtype}").sample(configs, 8)):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
-        m, n, k = 37 + 20 * i, 10 + 13 * i, (7, 100, 333, 1013)[i % 4]
+        # K below one k step, between, past several; rows of K = 10 and 330 (k-contiguous operands)
+        # are read 4 bytes at a time, of 100 8 bytes, of 1013 2 (kernels_cuda/_runtime.py: pick_vec).
+        m, n, k = 37 + 20 * i, 10 + 13 * i, (10, 100, 330, 1013)[i % 4]
         a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
         check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, "cuda"),
                      activation="relu", config=cfg)
+    if dtype == "fp32":
+        return
+    one_warp = _fitting(kc.space("matmul", dtype), DTYPES[dtype].itemsize,
+                        lambda c: c["BLOCK_K"] == 128 and c["num_warps"] == 1 and c["SPLIT_K"] == 1
+                        and c["GROUP_M"] == 1 and c["num_stages"] == 2)
+    assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in one_warp} >= {(32, 64), (64, 32), (16, 16)}
+    for cfg in one_warp:
+        a, b = matmul_operands(rng, 32, 128, 10, dtype, "cuda", False, True)
+        check_matmul(kc, a, b, trans_b=True, config=cfg)
 
 
 @pytest.mark.gpu
