@@ -9,7 +9,12 @@
 // owns a TM x TN sub-tile in registers (siboehm's SGEMM kernels 6 and 9).
 // Per k step a thread reads TM + TN floats from shared memory and does
 // TM * TN FMAs, so 8 x 8 gives 4 FMAs per shared load, enough to keep the
-// FP32 pipes rather than shared memory the limit. Per BK slice the block
+// FP32 pipes rather than shared memory the limit. 2 x 2 gives 1, and a
+// quarter of 4 x 4's serial FMAs per thread: for the small outputs of a
+// training step at H = 128 (a 128 x 128 product is 16 blocks of 32 x 32
+// but 64 of 16 x 16), where the chip idles and each block's latency is the
+// call's, not its throughput (Triton's winners there are 16 x 16 on 2 warps:
+// experiments/NOTES.md, section 21). Per BK slice the block
 // reads (BM + BN) * BK floats from global memory for BM * BN * BK FMAs:
 // 128 x 128 tiles reuse each loaded float 64 times, far above the H200's
 // ~67 TFLOP/s / 4.8 TB/s ~ 14 FLOP/byte balance point.
@@ -18,8 +23,9 @@
 // compute loop reads 4 consecutive rows (or columns) as one 16-byte load; a
 // k-contiguous operand is transposed while being stored, and the rows are
 // padded by 4 floats so that those scattered stores do not all hit one bank.
-// A thread's TM rows are TM/4 groups of 4, the groups BM/(TM/4) apart, so the
-// 16-byte reads of a warp are consecutive and conflict-free (same for TN).
+// A thread's TM rows are TM/GM groups of GM = min(TM, 4), the groups GM * RM
+// apart, so the 16-byte (GM = 2: 8-byte) reads of a warp are consecutive and
+// conflict-free (same for TN).
 //
 // Global loads move VA (VB) floats per instruction along the operand's
 // contiguous dimension; the host picks the width from pointer and leading
@@ -125,6 +131,8 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
     constexpr int T = BM * BN / (TM * TN);
     constexpr int RM = BM / TM, RN = BN / TN;  // threads along m and n
+    constexpr int GM = TM < 4 ? TM : 4, GN = TN < 4 ? TN : 4;  // a thread's rows (columns) come in groups of GM (GN)
+    static_assert(TM % GM == 0 && TN % GN == 0 && TM * TN % 4 == 0, "THREAD_M, THREAD_N: 2, 4 or 8");
     typedef SimtTile<BM, BK, VA, T, A_KC, A_ROWS> TileA;
     typedef SimtTile<BN, BK, VB, T, B_KC> TileB;
     constexpr int A_STAGE = BK * TileA::LD_S, B_STAGE = BK * TileB::LD_S;
@@ -141,8 +149,8 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
     // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
-    // step's operand loads are issued: a thread's rows are TM / 4 groups of 4, its columns TN / 4
-    // groups of 4 (see the epilogue).
+    // step's operand loads are issued: a thread's rows are TM / GM groups of GM, its columns TN / GN
+    // groups of GN (see the epilogue).
     const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
     EpilogueReads<EPI, HAS_BIAS, BM, BN, T> reads(pid_m);
     auto epilogue_reads = [&]() {
@@ -150,11 +158,11 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
             [&](auto f) {
 #pragma unroll
-                for (int gn = 0; gn < TN / 4; ++gn) f(n0 + gn * 4 * RN + tx * 4);
+                for (int gn = 0; gn < TN / GN; ++gn) f(n0 + gn * GN * RN + tx * GN);
             },
             [&](auto f) {
 #pragma unroll
-                for (int i = 0; i < TM; ++i) f(m0 + (i / 4) * 4 * RM + ty * 4 + i % 4);
+                for (int i = 0; i < TM; ++i) f(m0 + (i / GM) * GM * RM + ty * GM + i % GM);
             });
     };
     // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
@@ -172,22 +180,22 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     TileB tb;
     const int KT = (K + BK - 1) / BK;
 
-    // TM x TN FMAs per k from TM/4 + TN/4 16-byte shared loads.
+    // TM x TN FMAs per k from TM/GM + TN/GN shared loads of GM (GN) floats.
     auto compute = [&](const float* as, const float* bs) {
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
 #pragma unroll
-            for (int g = 0; g < TM / 4; ++g) {
-                Pack<float, 4> v = *reinterpret_cast<const Pack<float, 4>*>(as + kk * TileA::LD_S + g * 4 * RM + ty * 4);
+            for (int g = 0; g < TM / GM; ++g) {
+                Pack<float, GM> v = *reinterpret_cast<const Pack<float, GM>*>(as + kk * TileA::LD_S + g * GM * RM + ty * GM);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) a[g * 4 + j] = v.v[j];
+                for (int j = 0; j < GM; ++j) a[g * GM + j] = v.v[j];
             }
 #pragma unroll
-            for (int g = 0; g < TN / 4; ++g) {
-                Pack<float, 4> v = *reinterpret_cast<const Pack<float, 4>*>(bs + kk * TileB::LD_S + g * 4 * RN + tx * 4);
+            for (int g = 0; g < TN / GN; ++g) {
+                Pack<float, GN> v = *reinterpret_cast<const Pack<float, GN>*>(bs + kk * TileB::LD_S + g * GN * RN + tx * GN);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) b[g * 4 + j] = v.v[j];
+                for (int j = 0; j < GN; ++j) b[g * GN + j] = v.v[j];
             }
 #pragma unroll
             for (int i = 0; i < TM; ++i)
@@ -233,56 +241,57 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     }
 
-    if constexpr (SPLIT_K > 1) {  // a thread's TM x TN sums are TM * TN / 4 float4s
-        auto at = [&](int f, int e) -> float& { return acc[f / (TN / 4)][(f % (TN / 4)) * 4 + e]; };
+    if constexpr (SPLIT_K > 1) {  // a thread's TM x TN sums are TM * TN / 4 float4s, row by row
+        auto at = [&](int f, int e) -> float& { return acc[(f * 4 + e) / TN][(f * 4 + e) % TN]; };
         if (!splitk_reduce<SPLIT_K, TM * TN / 4, T>(partials, counters, [&](int f, int e) { return at(f, e); },
                                                     [&](int f, int e, float x) { at(f, e) = x; })) return;
     }
 
-    // Epilogue: 4 consecutive columns per store when C's rows (and y's) allow 16 bytes.
-    const bool vec_ok = (N % 4 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0) &&
-                        (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 15) == 0);
+    // Epilogue: GN consecutive columns per store when C's rows (and y's) allow 4 * GN bytes.
+    constexpr u64 VEC_ALIGN = 4 * GN - 1;
+    const bool vec_ok = (N % GN == 0) && ((reinterpret_cast<u64>(C) & VEC_ALIGN) == 0) &&
+                        (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & VEC_ALIGN) == 0);
     const SgdArgs<float> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
-    const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, 4>(w, sgd, N);
+    const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, GN>(w, sgd, N);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
+        const int m = m0 + (i / GM) * GM * RM + ty * GM + i % GM;
         if (m >= M) continue;
 #pragma unroll
-        for (int g = 0; g < TN / 4; ++g) {
-            const int n = n0 + g * 4 * RN + tx * 4;
-            Pack<float, 4> out;
+        for (int g = 0; g < TN / GN; ++g) {
+            const int n = n0 + g * GN * RN + tx * GN;
+            Pack<float, GN> out;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float v = acc[i][g * 4 + j];
+            for (int j = 0; j < GN; ++j) {
+                float v = acc[i][g * GN + j];
                 if (HAS_BIAS) v += (n + j < N) ? bias[n + j] : 0.f;
                 out.v[j] = RELU ? relu_f(v) : v;
             }
             const i64 at = (i64)m * N + n;
-            if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 3) updates w there; never stored
+            if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + GN - 1) updates w there; never stored
                 const SgdArgs<float> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
                                              weight_decay};
-                sgd_step<DT_FP32, 4>(w + at, here, out.v, N - n, sgd_vec);
+                sgd_step<DT_FP32, GN>(w + at, here, out.v, N - n, sgd_vec);
                 continue;
             }
             if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
-                Pack<float, 4> y;
-                if (vec_ok && n + 4 <= N) {
-                    y = *reinterpret_cast<const Pack<float, 4>*>(relu_y + at);
+                Pack<float, GN> y;
+                if (vec_ok && n + GN <= N) {
+                    y = *reinterpret_cast<const Pack<float, GN>*>(relu_y + at);
                 } else {
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) y.v[j] = n + j < N ? relu_y[at + j] : 1.f;
+                    for (int j = 0; j < GN; ++j) y.v[j] = n + j < N ? relu_y[at + j] : 1.f;
                 }
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
+                for (int j = 0; j < GN; ++j)
                     if (y.v[j] <= 0.f) out.v[j] = 0.f;
             }
             float* c = C + at;
-            if (vec_ok && n + 4 <= N) {
-                *reinterpret_cast<Pack<float, 4>*>(c) = out;
+            if (vec_ok && n + GN <= N) {
+                *reinterpret_cast<Pack<float, GN>*>(c) = out;
             } else {
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
+                for (int j = 0; j < GN; ++j)
                     if (n + j < N) c[j] = out.v[j];
             }
         }

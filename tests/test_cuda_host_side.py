@@ -456,6 +456,47 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
 
 
 @pytest.mark.gpu
+def test_two_by_two_thread_tiles(rng):
+    """THREAD_M = THREAD_N = 2, the SIMT kernel's groups of 2 rows and columns (session 11: tiles of
+    16 x 16 to 32 x 16), a fixed sample, plain and split-K, in all four layouts with bias and ReLU
+    and with relu_grad_of, on odd shapes (odd N: the epilogue's pairs split at the edge) against
+    float64; then linear_sgd (gathered rows, momentum, weight decay, low copies) and
+    linear_cross_entropy (split-K, a K no slice divides) on such tiles."""
+    import random
+
+    from tests.test_fused import ce_problem
+    from kernels_core.reference import exact
+    from tests.test_ops import (assert_rel, check_linear_ce, check_linear_sgd, check_matmul, matmul_operands, randn,
+                                sgd_layer)
+    from tests.test_splitk import K_CASES, tolerance
+
+    def two_by_two(op, **fixed):
+        return _fitting(kc.space(op, "fp32"), 4, lambda c: c["THREAD_M"] == c["THREAD_N"] == 2
+                        and all(c[k] == v for k, v in fixed.items()))
+
+    configs = two_by_two("matmul")
+    assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in configs} == {(16, 16), (16, 32), (32, 16)}
+    for i, cfg in enumerate(random.Random("two-by-two").sample(configs, 8)):
+        trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
+        m, n, k = 45 + 6 * i, 27 + 10 * i, (1, 37, 130, 1013)[i % 4]
+        a, b = matmul_operands(rng, m, n, k, "fp32", "cuda", trans_a, trans_b)
+        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), "fp32", "cuda"),
+                     activation="relu", config=cfg)
+    for cfg in random.Random("two-by-two-relu-grad").sample(configs, 2):
+        g, w, y = (randn(rng, shape, "fp32", "cuda") for shape in ((33, 70), (41, 70), (33, 41)))
+        out = kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=cfg)
+        assert_rel(out, exact.matmul(g, w, trans_b=True, relu_grad_of=y), tolerance("fp32", 70, "cuda"), f"{cfg}")
+    for cfg in random.Random("two-by-two-sgd").sample(two_by_two("linear_sgd"), 3):
+        layer = sgd_layer(rng, "cuda", "fp32", 70, 37, 19, momentum=0.9, rows=90, low=True)
+        check_linear_sgd(kc, layer, lr=0.1, momentum=0.9, weight_decay=1e-2, config=cfg)
+    for split_k in (1, 4):
+        cfg = random.Random(f"two-by-two-xent-{split_k}").choice(two_by_two("linear_cross_entropy", SPLIT_K=split_k))
+        k = 29 if split_k == 1 else K_CASES["ragged"](split_k, cfg["BLOCK_K"])
+        x, w, bias, labels = ce_problem(rng, 70, 10, k, "fp32", "cuda")
+        check_linear_ce(kc, x, w, labels, bias=bias, config=cfg)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split_k", (2, 16))
 def test_splitk_with_fp16_accumulation(rng, split_k):
     """Each slice accumulates in fp16 registers; the slices add up in fp32 and the sum is rounded

@@ -869,7 +869,7 @@ def test_space_shape(ops):
             configs = list(sp.configs(contract.DTYPES[dtype].itemsize, 90))
             assert sp.default in configs, f"{op}/{dtype}: default {sp.default} fails its own restrictions"
             # The default sampler proposes valid, unmeasured configs only (autotune.studies: tpe-valid),
-            # so a space may pass 1000 configs; the CUDA SIMT matmul's 1328 is the largest.
+            # so a space may pass 1000 configs; the CUDA SIMT matmul's 1448 is the largest.
             assert 1 <= len(configs) <= 1500, f"{op}/{dtype}: {len(configs)} configs"
     with pytest.raises(ValueError, match="op"):
         ops.space("conv2d", "fp32")

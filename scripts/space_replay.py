@@ -1,0 +1,35 @@
+"""Replays the tuner's TPE sampler on a CUDA matmul space at sm_90 with fake times, every config
+a predicate picks twice as fast as any other: does a study give up on a sparse space (100 invalid
+suggestions in a row, autotune.studies), and does it measure a picked config at all? One line per
+seed: seed, trials measured (below the budget: the study gave up), best time (below 1.0 only if a
+picked config was measured). A fourth argument names another sampler (autotune.studies).
+
+    # the wgmma region of the fp16 space (NOTES section 14)
+    PYTHONPATH=. python scripts/space_replay.py 8 fp16 "WGMMA == 1" > experiments/results/wgmma_space_replay.txt
+    # the 2 x 2 thread tiles of the fp32 SIMT space (NOTES section 21)
+    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == 2" > experiments/results/simt_space_replay.txt
+    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == 2" tpe-valid > experiments/results/simt_space_replay_tpe_valid.txt
+"""
+import math
+import random
+import sys
+
+import optuna
+import pandas as pd
+
+import kernels_cuda as kc
+from autotune.targets import TARGETS
+from experiments.search_quality import replay
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+seeds, dtype, fast = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sampler = sys.argv[4] if len(sys.argv) > 4 else "tpe"
+space, target, rng = kc.space("matmul", dtype), TARGETS["sm_90"], random.Random(0)
+elt = 4 if dtype == "fp32" else 2
+rows = [{**c, "status": "ok", "time_ms": (0.5 if eval(fast, {}, dict(c)) else 1.0) * (1 + rng.random())}
+        for c in space.configs(elt, 90) if space.cost(c, elt, 90)["smem_bytes"] <= target.smem_per_block_optin]
+grid = pd.DataFrame(rows)
+print("valid", len(grid), "product", math.prod(len(set(grid[t])) for t in space.params))
+for seed in range(seeds):
+    curve = replay(grid, list(space.params), sampler, seed, 60)
+    print(seed, len(curve), min(curve), flush=True)
