@@ -20,7 +20,7 @@ from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
-# space near 1000 configs (sm_90: SIMT 1448, tensor cores 1320) and dense enough
+# space near 1000 configs (sm_90: tensor cores 1320; SIMT 3232, see below) and dense enough
 # that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
 # default sampler proposes valid configs only): GROUP_M = 8 (a grid of few tiles
 # runs at once, the order of its blocks hardly matters), on the SIMT kernel
@@ -43,10 +43,11 @@ VEC_BYTES = 16
 # So small tiles may take BLOCK_K = 64 or 128: the default protocol's K = 128
 # products at H = 128 (dW, the loss, the second layer) then take one or two k
 # steps, one trip to L2 each, where BLOCK_K = 32 made four (NOTES, section 20).
-# THREAD_M = THREAD_N = 2 only on tiles of at most 512 outputs (16 x 16 on 2 warps, 16 x 32 and
-# 32 x 16 on 4): the tiles Triton's fp32 winners take for the step's small products at H = 128,
-# with a quarter of 4 x 4's serial FMAs per thread (NOTES, section 21); on larger tiles 2 x 2
-# only reads shared memory more per FMA, and the space would grow past 1500 configs.
+# THREAD_M and THREAD_N 2 give the small tiles Triton's fp32 winners take for the step's
+# products at H = 128 (16 x 16 on 2 warps), with a quarter of 4 x 4's serial FMAs per thread
+# (NOTES, section 21). They are valid wherever the warp rules allow, not on small tiles only: the
+# tuner suggests each tunable on its own, and a value valid in a corner of the grid is one it
+# seldom draws (confined to tiles of 512 outputs, 2 x 2 was measured in 1 of 12 studies).
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
 SIMT_SPACE = Space(
     params={
@@ -65,8 +66,6 @@ SIMT_SPACE = Space(
     },
     restrictions=(
         f"{SIMT_THREADS} % 32 == 0 and {SIMT_THREADS} <= 256  # whole warps, at most 8",
-        "THREAD_M >= 4 and THREAD_N >= 4 or (THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512)"
-        "  # 2 x 2 per thread: tiles of 16 x 16 to 32 x 16 on 2-4 warps (see above)",
         f"THREAD_M * THREAD_N + BLOCK_K * (BLOCK_M + BLOCK_N) / {SIMT_THREADS} <= 96"
         "  # accumulators + staged copies: at most 96 floats per thread",
         "SPLIT_K == 1 or (num_stages == 2 and GROUP_M == 8)  # split-K configs fix these (see above)",

@@ -6,9 +6,11 @@ picked config was measured). A fourth argument names another sampler (autotune.s
 
     # the wgmma region of the fp16 space (NOTES section 14)
     PYTHONPATH=. python scripts/space_replay.py 8 fp16 "WGMMA == 1" > experiments/results/wgmma_space_replay.txt
-    # the 2 x 2 thread tiles of the fp32 SIMT space (NOTES section 21)
-    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == 2" > experiments/results/simt_space_replay.txt
-    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == 2" tpe-valid > experiments/results/simt_space_replay_tpe_valid.txt
+    # the small 2 x 2 tiles of the fp32 SIMT space (NOTES section 21)
+    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \
+        > experiments/results/simt_space_replay.txt
+    PYTHONPATH=. python scripts/space_replay.py 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \
+        tpe-valid > experiments/results/simt_space_replay_tpe_valid.txt
 """
 import math
 import random
