@@ -84,7 +84,9 @@ SIMT_SPACE = Space(
 # of 1 or 2 warps, whose threads each issue 2-4x the copies of a 4-warp
 # block's (ptxas at sm_90: 300-840 bytes). A one-warp block may be as small
 # as 16 x 16 (the logits' N = 10, batches of 16-32 rows: latency rather than
-# throughput). The warp grid is derived, not tuned: for a given warp count
+# throughput), and so may blocks of 2-4 warps up to 512 outputs, on warp tiles down to
+# 16 x 8 (Triton's winners there are 16 x 16 on 2 warps; the SIMT kernel's thread tiles of
+# 2 paid the same way: NOTES, section 21). The warp grid is derived, not tuned: for a given warp count
 # the squarest warp tile reads the least shared memory per mma, and the
 # restriction on the tile's aspect is what makes an at most 2:1 warp tile
 # exist. BLOCK_K 128 (Triton's winners at K >= 128 in the seed protocol take
@@ -109,7 +111,8 @@ SIMT_SPACE = Space(
 # for them, or whose operands the TMA cannot read, are refused as config errors.
 _MMA_SYNC_RULES = (
     "BLOCK_M * BLOCK_N <= (64 if num_warps >= 4 else 32) * 64 * num_warps  # larger warp tiles spill",
-    "BLOCK_M * BLOCK_N >= 32 * 32 * num_warps or num_warps == 1  # smaller warp tiles starve on shared memory",
+    "BLOCK_M * BLOCK_N >= 32 * 32 * num_warps or num_warps == 1 or 128 * num_warps <= BLOCK_M * BLOCK_N <= 512"
+    "  # smaller warp tiles starve on shared memory, but for tiles of at most 512 outputs latency is all (see above)",
     "BLOCK_M <= 2 * num_warps * BLOCK_N and BLOCK_N <= 2 * num_warps * BLOCK_M  # warp tiles at most 2:1",
     "arch >= 80 or num_stages == 2",
     "arch >= 80 or 2 * BLOCK_M * BLOCK_N + (BLOCK_M + BLOCK_N) * BLOCK_K <= 64 * 88 * num_warps"
@@ -180,7 +183,8 @@ def warp_grid(cfg) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=None)
 def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
-    grids = [(warps // wn, wn) for wn in (1, 2, 4, 8) if wn <= warps]
+    grids = [(warps // wn, wn) for wn in (1, 2, 4, 8)
+             if wn <= warps and bm // (warps // wn) >= 16 and bn // wn >= 8]  # at least one 16 x 8 mma tile
     return min(grids, key=lambda g: (max(bm // g[0], bn // g[1]) / min(bm // g[0], bn // g[1]), g[0]))
 
 

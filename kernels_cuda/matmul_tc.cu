@@ -17,7 +17,10 @@
 // block a warp reads (WM + WN) * 16 * 2 bytes of shared memory per
 // 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32 but
 // in one-warp blocks, whose tiles (down to 16 x 16) serve outputs too small
-// for anything but latency to matter.
+// for anything but latency to matter, and in blocks of at most 512 outputs on
+// 2-4 warps (warp tiles down to 16 x 8, the n-tile count NT then odd): for
+// those, more warps per block halve each warp's chain of mmas and copies, as
+// Triton's 16 x 16 tiles on 2 warps do (experiments/NOTES.md, section 21).
 //
 // Data path, sm_80 and newer (SM80 = 1): global -> shared with cp.async in a
 // STAGES-deep ring (copies of tile k + STAGES - 1 fly while tile k is
@@ -75,6 +78,15 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Two 8x8 matrices, rows addressed by lanes 0-15 (the other lanes' addresses are not read).
+template <int TRANS>
+__device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
 
 template <int TRANS>
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
@@ -386,6 +398,11 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                 bf[2 * j][1] = r[1];
                 bf[2 * j + 1][0] = r[2];
                 bf[2 * j + 1][1] = r[3];
+            }
+            if constexpr (NT % 2) {  // a 16 x 8 warp tile's one n-tile: matrix q < 2 of B is (n, k + 8 * q)
+                const int n = wn * WN + (NT - 1) * 8, k = kk + (q & 1) * 8;
+                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], smem_addr(bs + (n + qr) * TileB::LD_S + k));
+                else      ldmatrix_x2<1>(bf[NT - 1], smem_addr(bs + (k + qr) * TileB::LD_S + n));
             }
 #pragma unroll
             for (int i = 0; i < MT; ++i)

@@ -455,46 +455,61 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
         check_matmul(kc, a, b, trans_b=True, config=cfg)
 
 
+# Session 11's small work per thread: the SIMT kernel's thread tiles of 2 (rows or columns in
+# groups of 2), the tensor-core kernel's blocks of 2-4 warps up to 512 outputs (warp tiles down to
+# 16 x 8, one n-tile: ldmatrix x2). Each with the set of shapes it adds, and its 16 x 16 tile.
+SMALL_WORK = {
+    "fp32": (lambda c: 2 in (c["THREAD_M"], c["THREAD_N"]), lambda c: (c["THREAD_M"], c["THREAD_N"]),
+             {(2, 2), (2, 4), (4, 2), (2, 8), (8, 2)}, lambda c: c["THREAD_M"] == c["THREAD_N"] == 2),
+    **{dtype: (lambda c: not c["WGMMA"] and c["num_warps"] > 1 and c["BLOCK_M"] * c["BLOCK_N"] <= 512,
+               lambda c: (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]),
+               {(16, 16, 2), (16, 32, 2), (32, 16, 2), (16, 32, 4), (32, 16, 4)}, lambda c: c["num_warps"] == 2)
+       for dtype in ("fp16", "bf16")},
+}
+
+
 @pytest.mark.gpu
-def test_thread_tiles_of_two(rng):
-    """THREAD_M or THREAD_N = 2, the SIMT kernel's groups of 2 rows or columns (session 11), a fixed
-    sample, plain and split-K, in all four layouts with bias and ReLU and with relu_grad_of, on odd
-    shapes (odd N: the epilogue's pairs split at the edge) against float64; then linear_sgd
-    (gathered rows, momentum, weight decay, low copies) and linear_cross_entropy (split-K, a K no
-    slice divides) on such tiles."""
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_small_work_per_thread(rng, dtype):
+    """SMALL_WORK's configs, a fixed sample with the 16 x 16 tile among it, plain and split-K, in all
+    four layouts with bias and ReLU and with relu_grad_of, on odd shapes (odd N: the epilogue's
+    pairs split at the edge) against float64; then linear_sgd (gathered rows, momentum, weight
+    decay, low copies) and linear_cross_entropy (split-K, a K no slice divides) on such tiles."""
     import random
 
-    from tests.test_fused import ce_problem
     from kernels_core.reference import exact
+    from tests.test_fused import ce_problem
     from tests.test_ops import (assert_rel, check_linear_ce, check_linear_sgd, check_matmul, matmul_operands, randn,
                                 sgd_layer)
     from tests.test_splitk import K_CASES, tolerance
 
-    def twos(op, **fixed):
-        return _fitting(kc.space(op, "fp32"), 4, lambda c: 2 in (c["THREAD_M"], c["THREAD_N"])
-                        and all(c[k] == v for k, v in fixed.items()))
+    new, shape_of, shapes, tile16 = SMALL_WORK[dtype]
+    elt = DTYPES[dtype].itemsize
 
-    configs = twos("matmul")
-    assert {(c["THREAD_M"], c["THREAD_N"]) for c in configs} == {(2, 2), (2, 4), (4, 2), (2, 8), (8, 2)}
-    # 16 x 16 on 2 warps, Triton's tile for most of the step's products at H = 128.
-    smallest = [c for c in configs if c["BLOCK_M"] == c["BLOCK_N"] == 16 and c["THREAD_M"] == c["THREAD_N"] == 2]
-    for i, cfg in enumerate(random.Random("twos").sample(configs, 7) + random.Random("twos").sample(smallest, 1)):
+    def small(op, **fixed):
+        return _fitting(kc.space(op, dtype), elt, lambda c: new(c) and all(c[k] == v for k, v in fixed.items()))
+
+    configs = small("matmul")
+    assert {shape_of(c) for c in configs} == shapes
+    smallest = [c for c in configs if c["BLOCK_M"] == c["BLOCK_N"] == 16 and tile16(c)]
+    for i, cfg in enumerate(random.Random(f"small-{dtype}").sample(configs, 7) +
+                            random.Random(f"small-{dtype}").sample(smallest, 1)):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
         m, n, k = 45 + 6 * i, 27 + 10 * i, (1, 37, 130, 1013)[i % 4]
-        a, b = matmul_operands(rng, m, n, k, "fp32", "cuda", trans_a, trans_b)
-        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), "fp32", "cuda"),
+        a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
+        check_matmul(kc, a, b, trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, "cuda"),
                      activation="relu", config=cfg)
-    for cfg in random.Random("twos-relu-grad").sample(configs, 2):
-        g, w, y = (randn(rng, shape, "fp32", "cuda") for shape in ((33, 70), (41, 70), (33, 41)))
+    for cfg in random.Random(f"small-{dtype}-relu-grad").sample(configs, 2):
+        g, w, y = (randn(rng, shape, dtype, "cuda") for shape in ((33, 70), (41, 70), (33, 41)))
         out = kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=cfg)
-        assert_rel(out, exact.matmul(g, w, trans_b=True, relu_grad_of=y), tolerance("fp32", 70, "cuda"), f"{cfg}")
-    for cfg in random.Random("twos-sgd").sample(twos("linear_sgd"), 3):
-        layer = sgd_layer(rng, "cuda", "fp32", 70, 37, 19, momentum=0.9, rows=90, low=True)
+        assert_rel(out, exact.matmul(g, w, trans_b=True, relu_grad_of=y), tolerance(dtype, 70, "cuda"), f"{cfg}")
+    for cfg in random.Random(f"small-{dtype}-sgd").sample(small("linear_sgd"), 3):
+        layer = sgd_layer(rng, "cuda", dtype, 70, 37, 19, momentum=0.9, rows=90, low=True)
         check_linear_sgd(kc, layer, lr=0.1, momentum=0.9, weight_decay=1e-2, config=cfg)
     for split_k in (1, 4):
-        cfg = random.Random(f"twos-xent-{split_k}").choice(twos("linear_cross_entropy", SPLIT_K=split_k))
+        cfg = random.Random(f"small-{dtype}-xent-{split_k}").choice(small("linear_cross_entropy", SPLIT_K=split_k))
         k = 29 if split_k == 1 else K_CASES["ragged"](split_k, cfg["BLOCK_K"])
-        x, w, bias, labels = ce_problem(rng, 70, 10, k, "fp32", "cuda")
+        x, w, bias, labels = ce_problem(rng, 70, 10, k, dtype, "cuda")
         check_linear_ce(kc, x, w, labels, bias=bias, config=cfg)
 
 
