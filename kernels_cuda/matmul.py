@@ -20,7 +20,7 @@ from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
-# space near 1000 configs (sm_90: tensor cores 1320; SIMT 3232, see below) and dense enough
+# space to a few thousand configs (sm_90: tensor cores 1590, SIMT 3232) and dense enough
 # that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
 # default sampler proposes valid configs only): GROUP_M = 8 (a grid of few tiles
 # runs at once, the order of its blocks hardly matters), on the SIMT kernel
