@@ -21,13 +21,14 @@ import pandas as pd
 
 import kernels_cuda as kc
 from autotune.targets import TARGETS
+from kernels_core.contract import DTYPES
 from experiments.search_quality import replay
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 seeds, dtype, fast = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 sampler = sys.argv[4] if len(sys.argv) > 4 else "tpe"
 space, target, rng = kc.space("matmul", dtype), TARGETS["sm_90"], random.Random(0)
-elt = 4 if dtype == "fp32" else 2
+elt = DTYPES[dtype].itemsize
 rows = [{**c, "status": "ok", "time_ms": (0.5 if eval(fast, {}, dict(c)) else 1.0) * (1 + rng.random())}
         for c in space.configs(elt, 90) if space.cost(c, elt, 90)["smem_bytes"] <= target.smem_per_block_optin]
 grid = pd.DataFrame(rows)
