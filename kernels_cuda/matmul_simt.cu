@@ -151,6 +151,9 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
     // step's operand loads are issued: a thread's rows are TM / GM groups of GM, its columns TN / GN
     // groups of GN (see the epilogue).
+    // C's row of the thread's i-th row, C's column of the first of its g-th column group.
+    auto row_of = [&](int i) { return m0 + (i / GM) * GM * RM + ty * GM + i % GM; };
+    auto col_of = [&](int g) { return n0 + g * GN * RN + tx * GN; };
     const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
     EpilogueReads<EPI, HAS_BIAS, BM, BN, T> reads(pid_m);
     auto epilogue_reads = [&]() {
@@ -158,11 +161,11 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
             [&](auto f) {
 #pragma unroll
-                for (int gn = 0; gn < TN / GN; ++gn) f(n0 + gn * GN * RN + tx * GN);
+                for (int g = 0; g < TN / GN; ++g) f(col_of(g));
             },
             [&](auto f) {
 #pragma unroll
-                for (int i = 0; i < TM; ++i) f(m0 + (i / GM) * GM * RM + ty * GM + i % GM);
+                for (int i = 0; i < TM; ++i) f(row_of(i));
             });
     };
     // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
@@ -255,11 +258,11 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT_FP32, GN>(w, sgd, N);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int m = m0 + (i / GM) * GM * RM + ty * GM + i % GM;
+        const int m = row_of(i);
         if (m >= M) continue;
 #pragma unroll
         for (int g = 0; g < TN / GN; ++g) {
-            const int n = n0 + g * GN * RN + tx * GN;
+            const int n = col_of(g);
             Pack<float, GN> out;
 #pragma unroll
             for (int j = 0; j < GN; ++j) {
