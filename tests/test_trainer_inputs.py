@@ -144,6 +144,7 @@ def test_ctrl_c_mid_segment_keeps_the_steps_so_far(tmp_path, monkeypatch, capsys
     assert code == 130 and err == f"interrupted at step 26; the steps so far are in {run_csv}\n"
     steps = pd.read_csv(run_csv)
     assert steps["step"].tolist() == list(range(1, 27)) and steps["loss"].notna().all()
+    assert (steps["step_time_us"] > 0).all()  # the timed group the interrupt cut short included
 
 
 def test_ctrl_c_during_setup_is_one_line(tmp_path, monkeypatch, capsys):

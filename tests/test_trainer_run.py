@@ -15,6 +15,7 @@ from autotune.store import ConfigStore, save_store
 from trainer.backends import NeedsGpu
 from trainer.config import Config, from_args
 from trainer.tuned_configs import ConfigStoreRefused, target_name
+from trainer.stepper import StepTimer
 from trainer.train import Diverged, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +49,18 @@ def test_torch_backend_learns_the_full_training_set(tmp_path):
     summary = train(Config(hidden=128, layers=1, batch_size=128, epochs=1, out=str(tmp_path), progress=False))
     assert summary.test_accuracy > 0.95
     assert summary.steps == 468 and summary.epochs == 1.0
+
+
+def test_steps_are_timed_in_groups_that_stay_inside_a_segment(tmp_path):
+    # Segments of 23 steps between evaluations (the last one 8): groups of 16 + 7, 16 + 7, 8.
+    group = StepTimer.GROUP
+    train(Config(hidden=16, layers=1, batch_size=16, steps=54, eval_every=23, out=str(tmp_path), progress=False))
+    times = pd.read_csv(next((tmp_path / "runs").glob("*.csv")))["step_time_us"].tolist()
+    bounds = [0, group, 23, 23 + group, 46, 54]
+    assert len(times) == 54 and all(t > 0 for t in times)
+    for lo, hi in zip(bounds, bounds[1:]):
+        assert len(set(times[lo:hi])) == 1, (lo, hi, times[lo:hi])  # one mean per group
+    assert len({times[lo] for lo in bounds[:-1]}) > 1  # and a mean of its own for each
 
 
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path):

@@ -59,31 +59,55 @@ class Stepper:
 
 
 class StepTimer:
-    """Per-step times without per-step syncs: CUDA events on a GPU, the host clock on a CPU."""
+    """Step times without per-step syncs or per-step events: one pair of CUDA events (the host
+    clock on a CPU) around each group of up to GROUP consecutive steps, each step's time its
+    group's mean.
 
-    def __init__(self, device: torch.device, slots: int):
+    Why groups: on the H200's host, replaying a step's graph costs about 19 µs and recording an
+    event pair 18-30 µs, so a pair per step made the loop host-bound at the ~40 µs steps of the
+    small nets, and the times measured the timer (experiments/NOTES.md, section 22).
+    """
+
+    GROUP = 16
+
+    def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self._spans: dict[int, int] = {}  # first slot of a group -> its step count
         if self.cuda:
-            self._events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                            for _ in range(slots)]
+            self._events = {}
         else:
-            self._host = [0.0] * slots
+            self._host: dict[int, float] = {}
             self._t0 = 0.0
 
-    def start(self, slot: int) -> None:
+    def start(self, first: int) -> None:
+        """Before the group of steps whose first slot is `first`."""
         if self.cuda:
-            self._events[slot][0].record()
+            pair = self._events.setdefault(first, (torch.cuda.Event(enable_timing=True),
+                                                   torch.cuda.Event(enable_timing=True)))
+            pair[0].record()
         else:
             self._t0 = time.perf_counter()
 
-    def stop(self, slot: int) -> None:
+    def stop(self, first: int, steps: int) -> None:
+        """After the group's `steps` steps."""
+        self._spans[first] = steps
         if self.cuda:
-            self._events[slot][1].record()
+            self._events[first][1].record()
         else:
-            self._host[slot] = (time.perf_counter() - self._t0) * 1e6
+            self._host[first] = (time.perf_counter() - self._t0) * 1e6
 
     def read_us(self, begin: int, end: int) -> list[float]:
-        """Step times of slots [begin, end) in µs; call after a device sync."""
-        if self.cuda:
-            return [s.elapsed_time(e) * 1e3 for s, e in self._events[begin:end]]
-        return self._host[begin:end]
+        """Step times of slots [begin, end), each its group's mean, in µs; after a device sync.
+        Groups start at `begin` (the loop starts one there) and end by `end`."""
+        times: list[float] = []
+        first = begin
+        while first < end:
+            steps = self._spans.pop(first)
+            if self.cuda:
+                start, stop = self._events[first]
+                total = start.elapsed_time(stop) * 1e3
+            else:
+                total = self._host.pop(first)
+            times += [total / steps] * steps
+            first += steps
+        return times

@@ -186,7 +186,7 @@ def train(config: Config) -> Summary:
         print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
 
     csv_path = _run_path(runs, config)
-    timer = StepTimer(device, spe)
+    timer = StepTimer(device)
     step, train_seconds, to_98, acc = 0, 0.0, None, float("nan")
     all_times: list[float] = []
     last_loss = float("nan")
@@ -220,15 +220,21 @@ def train(config: Config) -> Summary:
                 _sync(device)
                 t = time.perf_counter()
                 done = begin  # slots whose step has been issued completely
+                first = begin  # the first slot of the timed group in flight
                 try:
                     for slot in range(begin, end):
-                        timer.start(slot)
+                        if slot == first:
+                            timer.start(first)
                         stepper()
-                        timer.stop(slot)
                         done = slot + 1
                         bar.update()
+                        if done - first == StepTimer.GROUP or done == end:
+                            timer.stop(first, done - first)
+                            first = done
                     _sync(device)
                 except KeyboardInterrupt:
+                    if done > first:  # the group in flight, cut short
+                        timer.stop(first, done - first)
                     _sync(device)
                     record(begin, done)
                     raise Interrupted(f"interrupted at step {step + done - begin}; "
