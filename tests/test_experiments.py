@@ -197,3 +197,21 @@ def test_accuracy_spread_runs_each_seed_once_and_summarizes_the_runs_of_its_sett
     assert "0 of 3 seeds reached 98%" in out and "runs >= 98%" in out
     table = accuracy_spread.summary(rows.assign(test_accuracy=[0.97, 0.985, 0.99]))
     assert table.iloc[0]["runs >= 98%"] == 2 and table.iloc[0]["min"] == 0.97
+
+
+def test_graph_profile_keeps_the_steps_ops_and_leaves_out_what_ran_between_replays(rng):
+    from experiments.graph_profile import align
+
+    step = ["gather", "matmul", "matmul", "loss", "matmul"]  # a name may recur within a step
+    n = int(torch.randint(3, 9, (1,), generator=rng))
+    # An epoch's shuffle before some of the replays, never all: ops run in fewer than n replays.
+    shuffled = set(torch.randperm(n, generator=rng)[:int(torch.randint(1, n, (1,), generator=rng))].tolist())
+    events, t = [], 0.0
+    for s in range(n):
+        for name in (("randperm", "sort") if s in shuffled else ()) + tuple(step):
+            events.append((name, t, t + 1.0))
+            t += 2.0
+    rows = align(events, n, first_step=10)
+    assert [r["name"] for r in rows] == step * n
+    assert [(r["step"], r["pos"]) for r in rows] == [(10 + s, p) for s in range(n) for p in range(len(step))]
+    assert len(events) - len(rows) == 2 * len(shuffled)
