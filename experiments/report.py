@@ -135,7 +135,9 @@ def _speedup_table(df: pd.DataFrame) -> str:
     best_us = kernels.median_step_us * pd.to_numeric(kernels.speedup_vs_best_torch, errors="coerce")
     return _table(pd.DataFrame({
         "H": kernels.hidden, "variant": kernels.variant, "µs": kernels.median_step_us.map("{:.0f}".format),
-        "best torch": [f"{v} ({us:.0f} µs)" if v else "" for v, us in zip(kernels.best_torch_variant, best_us)],
+        # Eager is the fastest torch variant only of a run that timed no other.
+        "best torch": [f"{v} ({us:.0f} µs{'; no other torch variant in that run' if v == 'torch-eager' else ''})"
+                       if v else "" for v, us in zip(kernels.best_torch_variant, best_us)],
         "vs best torch": kernels.speedup_vs_best_torch.map(_speedup),
         "vs torch eager": kernels.speedup_vs_torch_eager.map(_speedup)}))
 

@@ -142,7 +142,7 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
     assert "10 epochs" in text and "step time only (first 300 steps)" in text and "--steps 300" in text
     assert "| torch-compile-max-graph | **100** |" in text  # H=128: the fastest torch variant, in bold
     assert "| 128 | cuda-default | 150 | torch-compile-max-graph (100 µs) | 0.67× | 6.67× |" in text
-    assert "| 128 | cuda-default | 150 | torch-eager (1000 µs) | 6.67× | 6.67× |" in text
+    assert "| 128 | cuda-default | 150 | torch-eager (1000 µs; no other torch variant in that run) | 6.67× | 6.67× |" in text
 
 
 def test_tracking_failure_names_the_first_step_out_of_tolerance():
@@ -215,3 +215,22 @@ def test_graph_profile_keeps_the_steps_ops_and_leaves_out_what_ran_between_repla
     assert [r["name"] for r in rows] == step * n
     assert [(r["step"], r["pos"]) for r in rows] == [(10 + s, p) for s in range(n) for p in range(len(step))]
     assert len(events) - len(rows) == 2 * len(shuffled)
+
+
+def test_graph_profile_summary_of_ops_and_replays():
+    from experiments.graph_profile import CHUNK, summarize
+
+    # Two ops a step, 2 and 3 µs long with 0.5 µs between them; replays 10 µs apart, and 1000 µs
+    # between the two profiler sessions.
+    rows, t = [], 0.0
+    for step in range(2 * CHUNK):
+        if step == CHUNK:
+            t += 1000.0
+        rows += [dict(step=step, pos=0, name="a", start=t, end=t + 2.0),
+                 dict(step=step, pos=1, name="b", start=t + 2.5, end=t + 5.5)]
+        t += 10.0
+    s = summarize(pd.DataFrame(rows)).set_index("pos")
+    assert s.dur_us_median.tolist() == [2.0, 3.0] and s.dur_us_block_drift.tolist() == [0.0, 0.0]
+    assert pd.isna(s.gap_before_us_median[0]) and s.gap_before_us_median[1] == 0.5
+    assert (s.step_span_us_median == 5.5).all() and (s.kernel_sum_us_median == 5.0).all()
+    assert (s.replay_period_us_median == 10.0).all() and (s.gap_between_replays_us_median == 4.5).all()

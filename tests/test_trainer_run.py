@@ -51,16 +51,27 @@ def test_torch_backend_learns_the_full_training_set(tmp_path):
     assert summary.steps == 468 and summary.epochs == 1.0
 
 
-def test_steps_are_timed_in_groups_that_stay_inside_a_segment(tmp_path):
-    # Segments of 23 steps between evaluations (the last one 8): groups of 16 + 7, 16 + 7, 8.
-    group = StepTimer.GROUP
-    train(Config(hidden=16, layers=1, batch_size=16, steps=54, eval_every=23, out=str(tmp_path), progress=False))
+def test_steps_are_timed_in_groups_that_stay_inside_a_segment(tmp_path, monkeypatch):
+    # 480 images in batches of 16: epochs of 30 steps. Evaluations every 23 steps and at each
+    # epoch's end cut steps 0-53 into segments 0-22, 23-29 | 30-45, 46-53 (slots restart at 0 in
+    # epoch 2), and groups of at most 16 start at each segment's first slot.
+    assert StepTimer.GROUP == 16
+    groups, real_stop = [], StepTimer.stop
+
+    def logged_stop(self, first, steps):
+        groups.append((first, steps))
+        real_stop(self, first, steps)
+
+    monkeypatch.setattr(StepTimer, "stop", logged_stop)
+    train(Config(hidden=16, layers=1, batch_size=16, steps=54, eval_every=23, train_subset=480,
+                 out=str(tmp_path), progress=False))
+    assert groups == [(0, 16), (16, 7), (23, 7), (0, 16), (16, 8)]
     times = pd.read_csv(next((tmp_path / "runs").glob("*.csv")))["step_time_us"].tolist()
-    bounds = [0, group, 23, 23 + group, 46, 54]
+    bounds = [0, 16, 23, 30, 46, 54]
     assert len(times) == 54 and all(t > 0 for t in times)
     for lo, hi in zip(bounds, bounds[1:]):
         assert len(set(times[lo:hi])) == 1, (lo, hi, times[lo:hi])  # one mean per group
-    assert len({times[lo] for lo in bounds[:-1]}) > 1  # and a mean of its own for each
+    assert all(times[lo] != times[hi] for lo, hi in zip(bounds, bounds[1:-1]))  # each its own
 
 
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path):

@@ -110,4 +110,5 @@ class StepTimer:
                 total = self._host.pop(first)
             times += [total / steps] * steps
             first += steps
+        assert first == end, f"timed groups of slots {begin}..{first} do not end at {end}"
         return times
