@@ -93,11 +93,11 @@ def main(argv):
         done += n
     d = pd.DataFrame(rows)
     d.to_csv(out, index=False)
-    summary = summarize(d).assign(backend=backend, protocol=protocol, hidden=hidden, dtype=dtype, steps=steps,
-                                  store=store, **provenance())
-    summary.to_csv(out.replace(".csv.gz", "_summary.csv"), index=False)
+    summary = summarize(d)
+    summary.assign(backend=backend, protocol=protocol, hidden=hidden, dtype=dtype, steps=steps, store=store,
+                   **provenance()).to_csv(out.replace(".csv.gz", "_summary.csv"), index=False)
     print(f"== {backend} {protocol} H={hidden}: {len(d)} events, {d.pos.max() + 1} per step")
-    print(summary.iloc[:, :11].to_string())
+    print(summary.to_string())
     print("duration per block of 500 steps, per op:")
     blocks = d.assign(dur=d.end - d.start, block=d.step // CHUNK)
     print(blocks.pivot_table(index="pos", columns="block", values="dur", aggfunc="median").round(2).to_string())
