@@ -427,24 +427,40 @@ struct SgdArgs {
     float lr, momentum, weight_decay;
 };
 
+// p and buf of CNT elements, read apart from the update (sgd_load, then sgd_apply) so that an
+// epilogue can put a batch of reads in flight before its first store: the stores may alias the
+// reads as far as the compiler knows, so it keeps every read after the stores written before it.
+template <int CNT>
+struct SgdIn {
+    Pack<float, CNT> p, buf;
+};
+
 template <int DT, int CNT>
-__device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT>::T>& s, const float (&g)[CNT],
-                                         int count, bool vec) {
-    typedef Elt<DT> E;
+__device__ __forceinline__ SgdIn<CNT> sgd_load(const float* p, const SgdArgs<typename Elt<DT>::T>& s, int count,
+                                               bool vec) {
     typedef Pack<float, CNT> PF;
-    typedef Pack<typename E::T, CNT> PL;
-    const bool whole = vec && count >= CNT;
-    PF pp, bb;
-    if (whole) {
-        pp = *reinterpret_cast<const PF*>(p);
-        if (s.buf) bb = *reinterpret_cast<const PF*>(s.buf);
+    SgdIn<CNT> in;
+    if (vec && count >= CNT) {
+        in.p = *reinterpret_cast<const PF*>(p);
+        if (s.buf) in.buf = *reinterpret_cast<const PF*>(s.buf);
     } else {
 #pragma unroll
         for (int j = 0; j < CNT; ++j) {
-            pp.v[j] = j < count ? p[j] : 0.f;
-            bb.v[j] = s.buf && j < count ? s.buf[j] : 0.f;
+            in.p.v[j] = j < count ? p[j] : 0.f;
+            in.buf.v[j] = s.buf && j < count ? s.buf[j] : 0.f;
         }
     }
+    return in;
+}
+
+template <int DT, int CNT>
+__device__ __forceinline__ void sgd_apply(float* p, const SgdArgs<typename Elt<DT>::T>& s, const float (&g)[CNT],
+                                          SgdIn<CNT> in, int count, bool vec) {
+    typedef Elt<DT> E;
+    typedef Pack<float, CNT> PF;
+    typedef Pack<typename E::T, CNT> PL;
+    PF& pp = in.p;
+    PF& bb = in.buf;
     PL ll;
 #pragma unroll
     for (int j = 0; j < CNT; ++j) {
@@ -458,7 +474,7 @@ __device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT
         pp.v[j] = pp.v[j] - s.lr * d;
         ll.v[j] = E::store(pp.v[j]);
     }
-    if (whole) {
+    if (vec && count >= CNT) {
         *reinterpret_cast<PF*>(p) = pp;
         if (s.buf) *reinterpret_cast<PF*>(s.buf) = bb;
         if (s.low) *reinterpret_cast<PL*>(s.low) = ll;
@@ -471,6 +487,12 @@ __device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT
             if (s.low) s.low[j] = ll.v[j];
         }
     }
+}
+
+template <int DT, int CNT>
+__device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT>::T>& s, const float (&g)[CNT],
+                                         int count, bool vec) {
+    sgd_apply<DT, CNT>(p, s, g, sgd_load<DT, CNT>(p, s, count, vec), count, vec);
 }
 
 // The epilogues' operands from memory (the bias, relu_grad_of's y, linear_sgd's w and its

@@ -318,6 +318,14 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     constexpr int T = 32 * WARPS_M * WARPS_N;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;
+    // Blocks of more than 512 outputs stage their tile in shared memory and store it in rows of
+    // 16-byte (fp32) or 8-byte (C) vectors, every epilogue but the loss's (a tile of the logits'
+    // 10 columns). Stored straight from the fragments, a warp's store covered 8 rows of 16 bytes:
+    // Nsight Compute counted one L2 request per sector written, and the requests, not the bytes,
+    // bounded the seed step's 8192 x 8192 x 32 weight gradients (plain 119 µs, linear_sgd 347 µs,
+    // at 19% and 40% of DRAM throughput; experiments/NOTES.md, section 23). Smaller blocks are
+    // latency-bound, where the staging's two barriers would only add.
+    constexpr bool STAGED = EPI != EPI_XENT && BM * BN > 512;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
     typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T, A_ROWS> TileA;  // A's stored rows: m when A_KC, else k
     typedef TcTile<B_KC ? BN : BK, B_KC ? BK : BN, VB, T> TileB;
@@ -349,11 +357,13 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
 #pragma unroll
                 for (int j = 0; j < NT; ++j) f(n0 + wn * WN + j * 8 + 2 * t);
             },
-            [&](auto f) {
+            [&](auto f) {  // the staged epilogue sends for its own reads, a batch at a time
+                if constexpr (!STAGED) {
 #pragma unroll
-                for (int i = 0; i < MT; ++i)
+                    for (int i = 0; i < MT; ++i)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) f(m0 + wm * WM + i * 16 + g + 8 * h);
+                        for (int h = 0; h < 2; ++h) f(m0 + wm * WM + i * 16 + g + 8 * h);
+                }
             });
     };
     // Adds stage s's rows of op(B) to the bias sums.
@@ -486,59 +496,161 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         if (!splitk_reduce<SPLIT_K, MT * NT, T>(partials, counters, get, set)) return;
     }
 
-    // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
-    // stores of column pairs when C's rows (and y's) keep them aligned.
-    const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0) &&
-                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 3) == 0);
     const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
-    const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
+    if constexpr (STAGED) {
+        // The tile goes through shared memory in passes of G 16-row strips of each warp's tile, as
+        // many as the operand ring holds (rows of floats padded by 8, which keeps the fragments'
+        // float2 writes free of bank conflicts). Thread t then takes columns n .. n + 3 of staged
+        // rows t / CPR, + STEP, ...: a warp's accesses are runs of whole rows. The epilogue's reads
+        // (relu_grad_of's y, linear_sgd's w and its buffer) go out NB chunks at a time, all of them
+        // before the first store of their batch. Same arithmetic per element as below: same bits.
+        constexpr int CPR = BN / 4, STEP = T / CPR, LDC = BN + 8;
+        constexpr int STRIP = WARPS_M * 16 * LDC * 4;  // bytes: one 16-row strip of every warp row
+        constexpr int RING = STAGES * (TileA::STAGE + TileB::STAGE) * 2;
+        constexpr int G = MT * STRIP <= RING ? MT : (MT >= 2 && MT / 2 * STRIP <= RING) ? MT / 2 : 1;
+        constexpr int R = WARPS_M * 16 * G, PER = R / STEP, NB = PER < 4 ? PER : 4;
+        static_assert(T % CPR == 0 && R % STEP == 0 && PER % NB == 0, "a thread keeps its columns");
+        static_assert(G * STRIP <= RING, "a pass fits in the operand ring");
+        float* cs = reinterpret_cast<float*>(smem_raw);
+        const int col = (threadIdx.x % CPR) * 4, row0 = threadIdx.x / CPR, n = n0 + col;
+        const bool vec = N % 4 == 0 && (reinterpret_cast<u64>(C) & 7) == 0 &&
+                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 7) == 0);
+        const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 4>(w, sgd, N);
+        float bv[4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int n = n0 + wn * WN + j * 8 + 2 * t;
-        float b0 = 0.f, b1 = 0.f;
-        if (HAS_BIAS) {
-            if (n < N) b0 = E::load(bias[n]);
-            if (n + 1 < N) b1 = E::load(bias[n + 1]);
-        }
+        for (int e = 0; e < 4; ++e) bv[e] = HAS_BIAS && n + e < N ? E::load(bias[n + e]) : 0.f;
+        if constexpr (SM80) cp_async_wait<0>();
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
+        for (int pass = 0; pass < MT / G; ++pass) {
+            __syncthreads();  // every warp is done with the ring, or with the pass before
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {  // rows g and g + 8
-                const int m = m0 + wm * WM + i * 16 + g + 8 * h;
-                if (m >= M || n >= N) continue;
-                float v0 = acc_get(acc[i][j], 2 * h) + b0;
-                float v1 = acc_get(acc[i][j], 2 * h + 1) + b1;
-                if (RELU) {
-                    v0 = relu_f(v0);
-                    v1 = relu_f(v1);
-                }
-                const i64 at = (i64)m * N + n;
-                if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 1) updates w there; never stored
-                    const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
-                                               weight_decay};
-                    const float gw[2] = {v0, v1};
-                    sgd_step<DT, 2>(w + at, here, gw, N - n, sgd_vec);
-                    continue;
-                }
-                if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
-                    float y0, y1 = 1.f;
-                    if (pair_ok && n + 1 < N) {
-                        const u32 y = *reinterpret_cast<const u32*>(relu_y + at);
-                        y0 = E::load((u16)y);
-                        y1 = E::load((u16)(y >> 16));
-                    } else {
-                        y0 = E::load(relu_y[at]);
-                        if (n + 1 < N) y1 = E::load(relu_y[at + 1]);
+            for (int ii = 0; ii < G; ++ii)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                        Pack<float, 2> v;
+                        v.v[0] = acc_get(acc[pass * G + ii][j], 2 * h);
+                        v.v[1] = acc_get(acc[pass * G + ii][j], 2 * h + 1);
+                        *reinterpret_cast<Pack<float, 2>*>(cs + (wm * 16 * G + ii * 16 + g + 8 * h) * LDC + wn * WN +
+                                                           j * 8 + 2 * t) = v;
                     }
-                    if (y0 <= 0.f) v0 = 0.f;
-                    if (y1 <= 0.f) v1 = 0.f;
+            __syncthreads();
+#pragma unroll
+            for (int p0 = 0; p0 < PER; p0 += NB) {
+                Pack<float, 4> v[NB];
+                i64 at[NB];
+                bool ok[NB];
+#pragma unroll
+                for (int q = 0; q < NB; ++q) {
+                    const int s = row0 + (p0 + q) * STEP;  // staged row: strip s / 16G's row s % 16G
+                    const int m = m0 + (s / (16 * G)) * WM + pass * G * 16 + s % (16 * G);
+                    v[q] = *reinterpret_cast<const Pack<float, 4>*>(cs + s * LDC + col);
+                    at[q] = (i64)m * N + n;
+                    ok[q] = m < M && n < N;
                 }
-                u16* c = C + at;
-                if (pair_ok && n + 1 < N) {
-                    *reinterpret_cast<u32*>(c) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 3) updates w there; never stored
+                    SgdIn<4> in[NB];
+                    auto here = [&](int q) {
+                        return SgdArgs<u16>{w_buf ? w_buf + at[q] : nullptr, w_low ? w_low + at[q] : nullptr, lr,
+                                            momentum, weight_decay};
+                    };
+#pragma unroll
+                    for (int q = 0; q < NB; ++q)
+                        if (ok[q]) in[q] = sgd_load<DT, 4>(w + at[q], here(q), N - n, sgd_vec);
+#pragma unroll
+                    for (int q = 0; q < NB; ++q)
+                        if (ok[q]) sgd_apply<DT, 4>(w + at[q], here(q), v[q].v, in[q], N - n, sgd_vec);
                 } else {
-                    c[0] = E::store(v0);
-                    if (n + 1 < N) c[1] = E::store(v1);
+                    Pack<u16, 4> y[NB];
+                    if constexpr (EPI == EPI_RELU_GRAD) {
+#pragma unroll
+                        for (int q = 0; q < NB; ++q) {
+                            if (!ok[q]) continue;
+                            if (vec) {
+                                y[q] = *reinterpret_cast<const Pack<u16, 4>*>(relu_y + at[q]);
+                            } else {
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) y[q].v[e] = n + e < N ? relu_y[at[q] + e] : (u16)0;
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int q = 0; q < NB; ++q) {
+                        if (!ok[q]) continue;
+                        Pack<u16, 4> c;
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            float o = v[q].v[e] + bv[e];
+                            if (RELU) o = relu_f(o);
+                            if (EPI == EPI_RELU_GRAD && E::load(y[q].v[e]) <= 0.f) o = 0.f;  // a NaN y passes
+                            c.v[e] = E::store(o);
+                        }
+                        if (vec) {
+                            *reinterpret_cast<Pack<u16, 4>*>(C + at[q]) = c;
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                if (n + e < N) C[at[q] + e] = c.v[e];
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
+        // stores of column pairs when C's rows (and y's) keep them aligned.
+        const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0) &&
+                             (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 3) == 0);
+        const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int n = n0 + wn * WN + j * 8 + 2 * t;
+            float b0 = 0.f, b1 = 0.f;
+            if (HAS_BIAS) {
+                if (n < N) b0 = E::load(bias[n]);
+                if (n + 1 < N) b1 = E::load(bias[n + 1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+                    const int m = m0 + wm * WM + i * 16 + g + 8 * h;
+                    if (m >= M || n >= N) continue;
+                    float v0 = acc_get(acc[i][j], 2 * h) + b0;
+                    float v1 = acc_get(acc[i][j], 2 * h + 1) + b1;
+                    if (RELU) {
+                        v0 = relu_f(v0);
+                        v1 = relu_f(v1);
+                    }
+                    const i64 at = (i64)m * N + n;
+                    if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 1) updates w there; never stored
+                        const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
+                                                   weight_decay};
+                        const float gw[2] = {v0, v1};
+                        sgd_step<DT, 2>(w + at, here, gw, N - n, sgd_vec);
+                        continue;
+                    }
+                    if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
+                        float y0, y1 = 1.f;
+                        if (pair_ok && n + 1 < N) {
+                            const u32 y = *reinterpret_cast<const u32*>(relu_y + at);
+                            y0 = E::load((u16)y);
+                            y1 = E::load((u16)(y >> 16));
+                        } else {
+                            y0 = E::load(relu_y[at]);
+                            if (n + 1 < N) y1 = E::load(relu_y[at + 1]);
+                        }
+                        if (y0 <= 0.f) v0 = 0.f;
+                        if (y1 <= 0.f) v1 = 0.f;
+                    }
+                    u16* c = C + at;
+                    if (pair_ok && n + 1 < N) {
+                        *reinterpret_cast<u32*>(c) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                    } else {
+                        c[0] = E::store(v0);
+                        if (n + 1 < N) c[1] = E::store(v1);
+                    }
                 }
             }
         }

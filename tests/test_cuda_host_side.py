@@ -513,6 +513,66 @@ def test_small_work_per_thread(rng, dtype):
         check_linear_ce(kc, x, w, labels, bias=bias, config=cfg)
 
 
+# Tiles of the staged epilogue (matmul_tc.cu: STAGED, more than 512 outputs): (BLOCK_M, BLOCK_N,
+# num_warps, num_stages), which stage a tn layout's tile in 1, 1, 2, 4, 2 and 2 passes, on 1 to 8 warps.
+STAGED_TILES = ((32, 32, 1, 4), (64, 64, 4, 4), (128, 128, 4, 2), (256, 128, 8, 2), (64, 128, 8, 4), (256, 32, 8, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ("fp16", "bf16"))
+def test_staged_epilogue_keeps_the_bits(rng, dtype):
+    """Tiles of more than 512 outputs go through shared memory to the epilogue, the 16 x 16 tile
+    straight from its mma fragments. With the same BLOCK_K and SPLIT_K every output is the same
+    chain of mma.sync and the same epilogue arithmetic whatever the tile, so the two must agree bit
+    for bit: plain GEMMs with bias and ReLU in three layouts, on rows of N % 4 != 0 and into a C
+    4 bytes past an 8-byte boundary (the epilogue's scalar stores), relu_grad_of, split-K, and
+    linear_sgd with gathered rows, momentum, weight decay and low copies. Each is also checked
+    against float64."""
+    from kernels_core.reference import exact
+    from tests.test_ops import (assert_rel, check_linear_sgd, check_matmul, matmul_operands, poisoned, randn,
+                                sgd_layer)
+    from tests.test_splitk import tolerance
+
+    def config(bm, bn, warps, stages, split_k=1):
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "num_warps": warps, "num_stages": stages, "GROUP_M": 8,
+                "SPLIT_K": split_k, "WGMMA": 0}
+
+    m, k = 77, 70
+    for i, tile in enumerate(STAGED_TILES):
+        cfg, fragments = config(*tile), config(16, 16, 1, 2)
+        n = (203, 200)[i % 2]
+        trans_a, trans_b = ((False, False), (True, False), (False, True))[i % 3]
+        a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
+        kw = dict(trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, "cuda"), activation="relu")
+        check_matmul(kc, a, b, config=cfg, **kw)
+        want = kc.matmul(a, b, config=fragments, **kw)
+        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), want), cfg
+        shifted = poisoned((m * n + 2,), dtype, "cuda")[2:].view(m, n)
+        assert torch.equal(kc.matmul(a, b, config=cfg, out=shifted, **kw), want), cfg
+
+        g, w, y = (randn(rng, shape, dtype, "cuda") for shape in ((m, k), (n, k), (m, n)))
+        got = kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=cfg)
+        assert_rel(got, exact.matmul(g, w, trans_b=True, relu_grad_of=y), tolerance(dtype, k, "cuda"), f"{cfg}")
+        assert torch.equal(got, kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=fragments)), cfg
+
+        layer = sgd_layer(rng, "cuda", dtype, 37, m, n, momentum=0.9, rows=90, low=True)
+        again = tuple(None if t is None else t.clone() for t in layer)
+        hyper = dict(lr=0.1, momentum=0.9, weight_decay=1e-2)
+        check_linear_sgd(kc, layer, config=cfg, **hyper)
+        x, dy, w0, bias, w_buf, b_buf, x_rows, w_low, b_low = again
+        kc.linear_sgd(x, dy, w0, bias, w_buf, b_buf, x_rows=x_rows, w_low=w_low, b_low=b_low, config=fragments, **hyper)
+        for name, got, want in zip(("w", "bias", "w_buf", "b_buf", "w_low", "b_low"),
+                                   layer[2:6] + layer[7:], again[2:6] + again[7:]):
+            assert torch.equal(got, want), f"{name}, {cfg}"
+
+    for tile in ((64, 64, 4, 4), (128, 128, 4, 2)):  # split-K tiles are at most 128 x 128
+        cfg = config(*tile, split_k=4)
+        a, b = matmul_operands(rng, m, 203, 900, dtype, "cuda", False, False)
+        kw = dict(bias=randn(rng, (203,), dtype, "cuda"), activation="relu")
+        check_matmul(kc, a, b, config=cfg, **kw)
+        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), kc.matmul(a, b, config=config(16, 16, 1, 2, 4), **kw))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("split_k", (2, 16))
 def test_splitk_with_fp16_accumulation(rng, split_k):
