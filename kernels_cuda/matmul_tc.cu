@@ -625,8 +625,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                     }
                     const i64 at = (i64)m * N + n;
                     if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 1) updates w there; never stored
-                        const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr, momentum,
-                                                   weight_decay};
+                        const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr,
+                                                   momentum, weight_decay};
                         const float gw[2] = {v0, v1};
                         sgd_step<DT, 2>(w + at, here, gw, N - n, sgd_vec);
                         continue;
