@@ -1,15 +1,19 @@
-"""The seed protocol's big-output products under Nsight Compute: what holds the CUDA twin there.
+"""Trainer GEMMs under Nsight Compute: each twin's call and cuBLAS's, once each, for the counters.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
-        python -m experiments.ncu_probe [--tuned-configs STORE] [--hidden 8192]
+        python -m experiments.ncu_probe [--shapes 8192x8192x32:tn,...] [--tuned-configs STORE]
 
-At H = 8192 the seed step's weight gradients are 8192 x 8192 outputs over K = 32 (the batch):
-memory-bound by their epilogue. linear_sgd there moves 10 bytes per weight without momentum (fp32
-w read and written, its fp16 copy written: 671 MB, 158 µs at the H200's 4245 GB/s copy ceiling),
-the plain product 2 (C in fp16: 134 MB, 32 µs). The tuner timed the CUDA twin's at 1.7x (with
-momentum) and 3.6x those floors, the Triton twin's at 1.0x and 1.5x (experiments/NOTES.md,
-section 23). This runs each twin's call once at the store's config, after a warm-up that compiles
-and checks it, between cudaProfilerStart and Stop, so that ncu reads those launches alone.
+Each shape is a matmul key of the tuner's store (MxNxK:layout, fp16 as the seed protocol runs
+it); a tn shape is also run as linear_sgd (the weight gradient with the SGD update, no momentum,
+as the seed step calls it). Every call runs at the store's config, first for a warm-up that
+compiles it and checks the plain products against float64, then once between cudaProfilerStart
+and Stop, so that ncu reads those launches alone (cuBLAS's through torch, the baseline).
+
+Why (experiments/NOTES.md, section 23): at seed H = 8192 the weight gradients (8192x8192x32:tn)
+move 2 bytes per output (plain: C in fp16, 134 MB, 32 µs at the H200's 4245 GB/s copy ceiling)
+or 10 (linear_sgd: the fp32 w read and written, its fp16 copy written; 671 MB, 158 µs), and the
+CUDA twin took 3.6x and 2.2x those floors where Triton took 1.5x and 1.2x. The counters showed
+why: one L2 request per sector stored.
 """
 from __future__ import annotations
 
@@ -19,47 +23,54 @@ import sys
 import torch
 
 from autotune.store import load_store
+from autotune.workload import parse_shapes, shape_key
 from kernels_core import backends
-from kernels_core.reference import exact
+from kernels_core.reference import exact, native
 from trainer.tuned_configs import target_name
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="8192x8192x32:tn")
     ap.add_argument("--tuned-configs", default="experiments/results/trainer_shapes_s12_sm_90/best.json")
-    ap.add_argument("--hidden", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args(argv)
     store = load_store(args.tuned_configs, target_name("auto"))
-    h, b = args.hidden, args.batch
     gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(b, h, generator=gen, device="cuda").half()
-    dy = torch.randn(b, h, generator=gen, device="cuda").half() * 0.01
-    w0 = torch.randn(h, h, generator=gen, device="cuda") * 0.01
-    bias = torch.zeros(h, device="cuda")
-    shape = f"{h}x{h}x{b}:tn"
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(shape, generator=gen, device="cuda") * scale
+
     calls = []
-    for backend in ("cuda", "triton"):
-        twin = backends.load(backend)
-        mm_cfg, _ = store.lookup("matmul", backend, "fp16", shape)
-        sgd_cfg, _ = store.lookup("linear_sgd", backend, "fp16", shape)
-        w, b_, w_low = w0.clone(), bias.clone(), torch.empty(h, h, device="cuda", dtype=torch.float16)
-        calls.append((f"{backend} matmul {mm_cfg}",
-                      lambda twin=twin, cfg=mm_cfg: twin.matmul(x, dy, trans_a=True, config=cfg)))
-        calls.append((f"{backend} linear_sgd {sgd_cfg}",
-                      lambda twin=twin, cfg=sgd_cfg, w=w, b_=b_, w_low=w_low: twin.linear_sgd(
-                          x, dy, w, b_, None, None, lr=0.003, w_low=w_low, config=cfg)))
-    ref = exact.matmul(x, dy, trans_a=True)
-    for name, call in calls:  # compile, and check the plain products before anything is profiled
+    for (m, n, k), layout in parse_shapes(args.shapes):
+        trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+        a = randn(*((k, m) if trans_a else (m, k))).half()
+        b = randn(*((n, k) if trans_b else (k, n))).half()
+        kw = dict(trans_a=trans_a, trans_b=trans_b)
+        key = shape_key((m, n, k), layout)
+        ref = exact.matmul(a, b, **kw)
+        calls.append((f"cuBLAS matmul {key}", ref, lambda a=a, b=b, kw=kw: native.matmul(a, b, **kw)))
+        for backend in ("cuda", "triton"):
+            twin = backends.load(backend)
+            cfg, _ = store.lookup("matmul", backend, "fp16", key)
+            calls.append((f"{backend} matmul {key} {cfg}", ref,
+                          lambda twin=twin, a=a, b=b, kw=kw, cfg=cfg: twin.matmul(a, b, config=cfg, **kw)))
+            if layout == "tn":  # x = a (batch x K_in), dy = b (batch x N_out)
+                cfg, _ = store.lookup("linear_sgd", backend, "fp16", key)
+                w, bias = randn(m, n, scale=0.01), randn(n, scale=0.01)
+                w_low = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                calls.append((f"{backend} linear_sgd {key} {cfg}", None,
+                              lambda twin=twin, a=a, b=b, w=w, bias=bias, w_low=w_low, cfg=cfg: twin.linear_sgd(
+                                  a, b, w, bias, None, None, lr=0.003, w_low=w_low, config=cfg)))
+    for name, ref, call in calls:  # compile, and check the plain products before anything is profiled
         out = call()
         torch.cuda.synchronize()
-        if out is not None:
+        if ref is not None:
             err = ((out.double() - ref).norm() / ref.norm()).item()
             print(f"{name}: relative error {err:.1e}", file=sys.stderr)
             if not err < 2e-3:
                 return 1
     torch.cuda.profiler.start()
-    for name, call in calls:
+    for name, _, call in calls:
         print(f"profiled: {name}", file=sys.stderr, flush=True)
         call()
     torch.cuda.synchronize()

@@ -16,3 +16,17 @@ step() {
     timeout -s KILL "$secs" "$@" > "${STEP_LOGS:-$OUT}/$name.log" 2>&1
     echo "$name rc=$? $((SECONDS - t0))s" >> "$OUT/summary.txt"
 }
+
+# ncu_probe NAME SECONDS [ARGS...]: experiments.ncu_probe under Nsight Compute, which reads only the
+# launches between its profiler start and stop, with the sections and metrics behind
+# experiments/NOTES.md section 23's tables; the report in ${STEP_LOGS:-$OUT}/NAME.log.
+ncu_probe() {
+    local name=$1 secs=$2 ncu
+    shift 2
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    step "$name" "$secs" "$ncu" --clock-control none --profile-from-start off \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum \
+        python3 -m experiments.ncu_probe "$@"
+}

@@ -10,12 +10,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 logs=$(mktemp -d)
 export STEP_LOGS=$logs
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
-sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
-          --section Occupancy --section LaunchStats --section WarpStateStats)
-step ncu 120 "$ncu" --clock-control none --profile-from-start off "${sections[@]}" \
-    --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum \
-    python3 -m experiments.ncu_probe
+ncu_probe ncu 120
 step compare 420 python3 -m experiments.compare --protocol default --hidden 128 \
     --variants torch-compile-graph,cuda-tuned,triton-tuned,torch-compile-max-graph --max-autotune-hidden 128 \
     --tuned-configs experiments/results/default1024_s12_sm_90/best.json
