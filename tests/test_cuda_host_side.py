@@ -514,7 +514,8 @@ def test_small_work_per_thread(rng, dtype):
 
 
 # Tiles of the staged epilogue (matmul_tc.cu: STAGED, more than 512 outputs): (BLOCK_M, BLOCK_N,
-# num_warps, num_stages), which stage a tn layout's tile in 1, 1, 2, 4, 2 and 2 passes, on 1 to 8 warps.
+# num_warps, num_stages), on 1 to 8 warps, which stage a tile of tn operands in 1, 1, 2, 4, 1 and
+# 2 passes.
 STAGED_TILES = ((32, 32, 1, 4), (64, 64, 4, 4), (128, 128, 4, 2), (256, 128, 8, 2), (64, 128, 8, 4), (256, 32, 8, 2))
 
 
