@@ -35,7 +35,7 @@ class Evaluator:
         worker, gpu = self.workers[index]
         base = {"backend": backend, "op": call.op, "dtype": call.dtype, "shape": list(call.shape),
                 "layout": call.layout, "bias": call.bias, "activation": call.activation, "fused_arg": call.fused_arg,
-                "device": self.device}
+                "momentum": call.momentum, "device": self.device}
         prepared = worker.request({"cmd": "prepare", **base, "config": config, "seed": seed}, self.timeout)
         if not prepared.get("ok"):
             return {**prepared, "gpu": gpu}

@@ -72,10 +72,11 @@ def build_plan(args: argparse.Namespace) -> Plan:
     ops_with_calls: set[str] = set()
     for dtype in dtypes:
         if shapes is not None:
-            calls = calls_for_shapes(ops, dtype, shapes)
+            calls = calls_for_shapes(ops, dtype, shapes, args.momentum)
         else:
-            calls = dedupe([c for hidden in args.hidden for c in mnist_mlp_calls(hidden, args.layers, args.batch_size, dtype)
-                             if c.op in ops])
+            calls = dedupe([c for hidden in args.hidden
+                            for c in mnist_mlp_calls(hidden, args.layers, args.batch_size, dtype, momentum=args.momentum)
+                            if c.op in ops])
         ops_with_calls |= {c.op for c in calls}
         for call in calls:
             for name, module in plan.modules.items():

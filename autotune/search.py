@@ -40,7 +40,7 @@ from autotune.targets import TARGETS, TargetError
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.evaluate import Evaluator
 from autotune.worker_pool import WorkerStartError
-from autotune.workload import metric, throughput
+from autotune.workload import SGD_HYPER, metric, throughput
 from kernels_core.contract import DTYPES
 
 DEFAULT_TRIALS = 50
@@ -53,7 +53,8 @@ WORKER_FAILURES = ("launch_error", "timeout")
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
 SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
-               "sampler": studies.DEFAULT_SAMPLER, "storage": None}  # storage: OUT/tuning.db
+               "momentum": SGD_HYPER["momentum"], "sampler": studies.DEFAULT_SAMPLER,
+               "storage": None}  # storage: OUT/tuning.db
 
 
 def _seconds(text: str) -> float:
@@ -63,6 +64,16 @@ def _seconds(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
+    return value
+
+
+def _momentum(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a momentum in [0, 1)")
     return value
 
 
@@ -94,6 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    f"run (default {SEARCH_ONLY['hidden'][0]})")
     p.add_argument("--layers", type=int, help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']})")
     p.add_argument("--batch-size", type=int, help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']})")
+    p.add_argument("--momentum", type=_momentum,
+                   help="the trainer's SGD momentum, for sgd_update and linear_sgd: 0 (the seed protocol's) tunes "
+                        "them without momentum buffers, as the trainer runs them, any other value with "
+                        f"(default {SEARCH_ONLY['momentum']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
                    "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
     p.add_argument("--trials", type=int, help=f"measured trials per study (default {DEFAULT_TRIALS}); "
@@ -205,7 +220,7 @@ class Search:
     def make_row(self, job: Job, name: str, baselines: dict, config: dict, result: dict, number: int) -> dict:
         call, t = job.call, result.get("time_ms")
         kind = metric(call.op)
-        value = throughput(call.op, call.shape, call.dtype, t) if t else None
+        value = throughput(call.op, call.shape, call.dtype, t, call.momentum) if t else None
         peak = self.target.peak(kind, call.dtype)
         default_ms, torch_ms = baselines.get("default_ms"), baselines.get("torch_ms")
         row = {
@@ -230,7 +245,7 @@ class Search:
     # -- one study -------------------------------------------------------------------
     def open(self, job: Job):
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
-        key = studies.study_name("", self.target.name, call.op, job.backend, call.dtype, call.key)
+        key = studies.study_name("", self.target.name, call.op, job.backend, call.dtype, call.study_key)
         name = self.args.study_prefix + key
         view = studies.view_space(job.space, self.target, elt)
         sampler = studies.make_sampler(self.args.sampler, self.args.seed, view.values,

@@ -6,7 +6,7 @@ original stdout (which is moved aside: whatever the libraries print goes to
 stderr, the worker's log). The first line out is {"ready": true}.
 
   {"cmd": "prepare", "backend", "op", "dtype", "shape", "layout", "bias",
-   "activation", "fused_arg", "config", "seed", "device"}
+   "activation", "fused_arg", "momentum", "config", "seed", "device"}
       fresh random inputs, then the first call (which compiles; the kernel
       libraries cache binaries on disk) -> compile_s and resource figures
   {"cmd": "measure", "reps", "max_seconds"}
@@ -97,7 +97,7 @@ class Runner:
             # two busy processes, a 0.1 ms call's median of five took 16 ms.
             torch.set_num_threads(1)
         call = Call(req["op"], req["dtype"], tuple(req["shape"]), req.get("layout", ""),
-                    req.get("bias", False), req.get("activation"), req.get("fused_arg"))
+                    req.get("bias", False), req.get("activation"), req.get("fused_arg"), req["momentum"])
         try:
             if req["backend"] == "torch":
                 module, fn, config = None, getattr(reference.native, call.op), None

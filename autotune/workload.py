@@ -27,6 +27,9 @@ LAYOUTS = ("nn", "tn", "nt", "tt")
 # of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2}
 SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+# The ops that apply SGD: with momentum 0 (the trainer's seed protocol) they keep no buffers and
+# move 10 bytes a weight, not 18, so they are other calls to tune.
+SGD_OPS = ("sgd_update", "linear_sgd")
 MNIST_IN, MNIST_CLASSES = 784, 10
 
 
@@ -48,20 +51,31 @@ class Call:
     # (dX masked by the layer below's ReLU): the same GEMM and store entry as the plain call, so the
     # tuner measures the stricter one, and a config some kernel cannot run with it is never picked.
     fused_arg: str | None = None
+    # The SGD ops' momentum (others ignore it). Whether it is 0 changes what they move; its value
+    # does not, so a study is per shape and zero or not (study_key).
+    momentum: float = SGD_HYPER["momentum"]
 
     @property
     def key(self) -> str:
         return shape_key(self.shape, self.layout)
 
+    @property
+    def study_key(self) -> str:
+        """The key that names the call's study: the store's key, marked where SGD keeps no buffers.
+        The store entry keeps the plain key: a store holds one protocol's winners."""
+        return self.key + (":no-momentum" if self.op in SGD_OPS and not self.momentum else "")
+
     def inputs(self, device, generator: torch.Generator) -> "OpInputs":
         return make_inputs(self.op, self.dtype, self.shape, self.layout, device, generator,
-                           bias=self.bias, activation=self.activation, fused_arg=self.fused_arg)
+                           bias=self.bias, activation=self.activation, fused_arg=self.fused_arg,
+                           momentum=self.momentum)
 
 
-def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None) -> list[Call]:
+def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None,
+                    momentum: float = SGD_HYPER["momentum"]) -> list[Call]:
     """Every distinct call of one training step of 784 -> hidden x layers -> 10: the fused step's
     (fused=True), the unfused step's (False), or both (None, the tuner's workload: the trainer
-    runs either, `--no-fuse` choosing).
+    runs either, `--no-fuse` choosing), its SGD with the trainer's `momentum`.
 
     Weights are stored (in, out) row-major, so the forward pass is x @ W, the
     weight gradient h^T @ dY ("tn") and the input gradient dY @ W^T ("nt").
@@ -72,8 +86,8 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: 
     if hidden < 1 or layers < 1 or batch < 1:
         raise ValueError(f"mnist-mlp needs hidden, layers, batch >= 1 (got {hidden}, {layers}, {batch})")
     if fused is None:
-        return dedupe(mnist_mlp_calls(hidden, layers, batch, dtype, fused=True)
-                      + mnist_mlp_calls(hidden, layers, batch, dtype, fused=False))
+        return dedupe(mnist_mlp_calls(hidden, layers, batch, dtype, fused=True, momentum=momentum)
+                      + mnist_mlp_calls(hidden, layers, batch, dtype, fused=False, momentum=momentum))
     dims = [MNIST_IN] + [hidden] * layers + [MNIST_CLASSES]
     last = len(dims) - 2
     calls = []
@@ -85,7 +99,8 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: 
                               activation=None if i == last else "relu",
                               fused_arg="a_rows" if i == 0 and fused else None))
     for i in range(len(dims) - 1):
-        calls.append(Call("linear_sgd" if fused else "matmul", dtype, (dims[i], dims[i + 1], batch), "tn"))
+        calls.append(Call("linear_sgd" if fused else "matmul", dtype, (dims[i], dims[i + 1], batch), "tn",
+                          momentum=momentum))
         if i > 0:  # the input layer needs no gradient for its input
             calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt",
                               fused_arg="relu_grad_of" if fused else None))
@@ -95,7 +110,7 @@ def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: 
             Call("bias_grad", dtype, (batch, hidden)),
             Call("bias_grad", dtype, (batch, MNIST_CLASSES)),
             Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
-            Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),)),
+            Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),), momentum=momentum),
         ]
     return dedupe(calls)
 
@@ -127,10 +142,10 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
     return out
 
 
-def calls_for_shapes(ops, dtype: str, shapes) -> list[Call]:
+def calls_for_shapes(ops, dtype: str, shapes, momentum: float = SGD_HYPER["momentum"]) -> list[Call]:
     """Each op gets the given shapes of its rank (3 dims: matmul and the fused ops in their one
     layout, 2: row ops, 1: sgd)."""
-    return dedupe([Call(op, dtype, shape, layout) for op in ops for shape, layout in shapes
+    return dedupe([Call(op, dtype, shape, layout, momentum=momentum) for op in ops for shape, layout in shapes
                     if OP_RANK[op] == len(shape) and FUSED_LAYOUT.get(op, layout) == layout])
 
 
@@ -151,9 +166,12 @@ class OpInputs:
 
 
 def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torch.Generator, *,
-                bias: bool = False, activation: str | None = None, fused_arg: str | None = None) -> OpInputs:
-    """Fresh random inputs for one call (never zeros; labels random class ids)."""
+                bias: bool = False, activation: str | None = None, fused_arg: str | None = None,
+                momentum: float = SGD_HYPER["momentum"]) -> OpInputs:
+    """Fresh random inputs for one call (never zeros; labels random class ids; SGD's momentum
+    buffers only with momentum, as the trainer keeps them)."""
     dt = DTYPES[dtype]
+    hyper = dict(SGD_HYPER, momentum=momentum)
 
     def randn(*shape, dtype=dt):
         return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
@@ -187,8 +205,8 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
         return OpInputs((randn(*s) * 2, labels), {})
     if op == "sgd_update":
         params = [randn(s[0], dtype=torch.float32)]
-        bufs = [randn(s[0], dtype=torch.float32)]
-        return OpInputs((params, [randn(s[0])], bufs), dict(SGD_HYPER))
+        bufs = [randn(s[0], dtype=torch.float32)] if momentum else None
+        return OpInputs((params, [randn(s[0])], bufs), hyper)
     # The fused ops are timed on plain operands: the trainer's first layer also gathers rows
     # (label_rows, x_rows) and in fp16/bf16 writes the low copies, variants of the same GEMM.
     if op == "linear_cross_entropy":
@@ -199,24 +217,25 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
     if op == "linear_sgd":
         k_in, n_out, b = s
         f32 = torch.float32
+        bufs = (randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32)) if momentum else (None, None)
         return OpInputs((randn(b, k_in), randn(b, n_out), randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32),
-                         randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32)), dict(SGD_HYPER))
+                         *bufs), hyper)
     raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
 
 
 def run(fn: Callable, op: str, inputs: OpInputs, config) -> list[torch.Tensor]:
     """Call `fn` (a backend op, or a baseline taking no config) and list what it produced.
 
-    sgd_update works in place, so its outputs are the (mutated) params and buffers.
+    The SGD ops work in place, so their outputs are the (mutated) params and buffers, if any.
     """
     kwargs = dict(inputs.kwargs)
     if config is not None:
         kwargs["config"] = config
     result = fn(*inputs.args, **kwargs)
     if op == "sgd_update":
-        return list(inputs.args[0]) + list(inputs.args[2])
+        return list(inputs.args[0]) + list(inputs.args[2] or ())
     if op == "linear_sgd":  # w, bias, w_buf, b_buf: updated in place
-        return list(inputs.args[2:6])
+        return [t for t in inputs.args[2:6] if t is not None]
     return list(result) if isinstance(result, tuple) else [result]
 
 
@@ -262,21 +281,22 @@ def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor]) -> tuple
     return worst_norm, problem
 
 
-def flops_bytes(op: str, shape, dtype: str) -> tuple[float | None, float]:
+def flops_bytes(op: str, shape, dtype: str, momentum: float = SGD_HYPER["momentum"]) -> tuple[float | None, float]:
     """(FLOPs or None for memory-bound ops, bytes moved at least once)."""
     elt = DTYPES[dtype].itemsize
+    fp32_state = 16 if momentum else 8  # SGD's fp32 weight, and its buffer, read and written
     if op == "matmul":
         m, n, k = shape
         return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n))
     if op == "linear_cross_entropy":  # dlogits written, the logits never
         m, n, k = shape
         return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n) + m * 8 + 4)
-    if op == "linear_sgd":  # x, dy read; fp32 w and its buffer read and written, no dW
+    if op == "linear_sgd":  # x, dy read; the fp32 state, no dW
         k_in, n_out, b = shape
-        return 2.0 * k_in * n_out * b, float(elt * b * (k_in + n_out) + 16 * (k_in * n_out + n_out))
+        return 2.0 * k_in * n_out * b, float(elt * b * (k_in + n_out) + fp32_state * (k_in * n_out + n_out))
     if op == "sgd_update":
         (n,) = shape
-        return None, float(n * (4 * 2 + 4 * 2 + elt))  # params and buffers read+written, grads read
+        return None, float(n * (fp32_state + elt))  # the fp32 state, grads read
     m, n = shape
     per_elt = {"relu": 2, "relu_backward": 3, "bias_add": 2, "bias_grad": 1, "softmax_cross_entropy": 2}[op]
     extra = {"bias_add": n * elt, "bias_grad": n * 4, "softmax_cross_entropy": m * 8 + 4}.get(op, 0)
@@ -287,8 +307,8 @@ def metric(op: str) -> str:
     return "tflops" if OP_RANK[op] == 3 else "gbps"
 
 
-def throughput(op: str, shape, dtype: str, time_ms: float) -> float:
+def throughput(op: str, shape, dtype: str, time_ms: float, momentum: float = SGD_HYPER["momentum"]) -> float:
     """TFLOP/s for matmul and the fused GEMMs, GB/s otherwise."""
-    flops, nbytes = flops_bytes(op, shape, dtype)
+    flops, nbytes = flops_bytes(op, shape, dtype, momentum)
     seconds = time_ms / 1e3
     return flops / seconds / 1e12 if flops is not None else nbytes / seconds / 1e9

@@ -32,8 +32,9 @@ import pandas as pd
 from autotune.evaluate import Evaluator
 from autotune.store import load_store
 from autotune.targets import resolve_target
-from autotune.workload import mnist_mlp_calls
+from autotune.workload import SGD_HYPER, mnist_mlp_calls
 from experiments.bench_kernels import TRAINER_PROTOCOLS
+from experiments.compare import base_config
 from experiments.steps import timings_in_turn
 from kernels_core.provenance import REPO, device_slug, provenance
 
@@ -64,6 +65,13 @@ def old_commit(tree: Path) -> str:
     return stamp.read_text().strip() if stamp.exists() else tree.resolve().name
 
 
+def takes_momentum(tree: Path) -> bool:
+    """Whether the tree's tuner builds SGD inputs by the call's momentum: older ones make
+    momentum buffers whatever the call says."""
+    worker = tree / "autotune" / "worker.py"
+    return worker.exists() and 'req["momentum"]' in worker.read_text()
+
+
 def code_pool(target: str, old_tree: Path, log_dir: Path) -> Evaluator:
     """Two workers on the same GPU: 0 runs this checkout, 1 the old tree's packages."""
     pool = Evaluator(target, len(CODES), 120.0, log_dir)
@@ -79,8 +87,13 @@ def measure(args) -> pd.DataFrame:
     store = load_store(args.tuned_configs, target)
     pool = code_pool(target.name, args.old_tree, Path("experiments/logs/code_ab"))
     prov, old, rows = provenance(), old_commit(args.old_tree), []
+    momentum = base_config(args.protocol, dtype, None).momentum
+    if not momentum and not takes_momentum(args.old_tree):
+        momentum = SGD_HYPER["momentum"]
+        print(f"code_ab: the old tree ({old}) times SGD with momentum buffers whatever the call says; both "
+              f"codes time linear_sgd with momentum {momentum}, not the {args.protocol} protocol's 0", flush=True)
     try:
-        for call in mnist_mlp_calls(args.hidden, layers, batch, dtype, fused=True):
+        for call in mnist_mlp_calls(args.hidden, layers, batch, dtype, fused=True, momentum=momentum):
             for backend in args.backends.split(","):
                 config, source = store.lookup(call.op, backend, dtype, call.key)
                 if source != "tuned":

@@ -92,7 +92,7 @@ def judge(args, plan, ledger: Path) -> pd.DataFrame:
     valid = {}
     for job in plan.jobs:
         view = studies.view_space(job.space, plan.target, DTYPES[job.call.dtype].itemsize)
-        name = studies.study_name("", plan.target.name, job.call.op, job.backend, job.call.dtype, job.call.key)
+        name = studies.study_name("", plan.target.name, job.call.op, job.backend, job.call.dtype, job.call.study_key)
         valid[name] = (None if view.valid is None else len(view.valid), list(job.space.params))
     rows, prov = [], provenance()
     for step in STEPS:

@@ -266,6 +266,29 @@ def test_real_triton_backend_under_the_interpreter(tmp_path):
     assert best.lookup("matmul", "triton", "fp32", "16x32x16:nn")[1] == "tuned"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path is CI's (no GPU): see above")
+def test_the_seed_protocols_sgd_is_tuned_without_buffers_in_studies_of_its_own(tmp_path):
+    """--momentum 0 (the seed protocol's SGD) tunes sgd_update and linear_sgd as the trainer runs
+    them, without momentum buffers, in studies of their own: a later run with momentum measures
+    afresh instead of reusing their times. The store keeps one entry per shape."""
+    args = ["--target", "cpu", "--backends", "triton", "--ops", "sgd_update,linear_sgd", "--dtypes", "fp16",
+            "--shapes", "1000,9x5x7:tn", "--trials", "2", "--workers", "1"]
+    search(tmp_path, *args, "--momentum", "0", timeout=300)
+    rows = counted(trials(tmp_path))
+    assert (rows["status"] == "ok").all(), rows[["op", "status", "error"]]
+    assert set(rows["study"]) == {"cpu:sgd_update:triton:fp16:1000:no-momentum",
+                                  "cpu:linear_sgd:triton:fp16:9x5x7:tn:no-momentum"}
+    sgd = rows[rows["op"] == "sgd_update"]
+    # 10 bytes an element: the fp32 weight read and written, the fp16 gradient read; no buffer.
+    assert sgd["gbps"].to_numpy() == pytest.approx(1000 * 10 / sgd["time_ms"].to_numpy() / 1e6, rel=1e-6)
+    out = search(tmp_path, *args, timeout=300)
+    assert this_run(out.stdout) == (4, 0)  # nothing told from the buffer-less studies
+    rows = counted(trials(tmp_path))
+    assert len(rows) == 8 and rows["study"].nunique() == 4
+    entries = json.loads((tmp_path / "out" / "cpu" / "best.json").read_text())["entries"]
+    assert sorted(e["shape"] for e in entries) == ["1000", "9x5x7:tn"]
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 def test_compile_only_for_sm_75_with_a_real_backend(tmp_path, backend):
     if backend == "cuda" and shutil.which("nvcc") is None:

@@ -166,6 +166,49 @@ def test_inputs_of_the_fused_steps_matmuls_are_checked_with_their_argument(rng, 
     assert workload.check_result([plain], workload.expected("matmul", inputs))[1] is not None
 
 
+@pytest.mark.parametrize("op", ["sgd_update", "linear_sgd"])
+def test_sgd_calls_without_momentum_keep_no_buffers_and_are_checked(rng, op):
+    """The seed protocol's SGD (momentum 0) has no buffers: none is made, the outputs are the
+    params alone, and an update that applied a momentum buffer anyway fails the check."""
+    k, n, b = (int(v) for v in torch.randint(2, 40, (3,), generator=rng))
+    shape = (k * n,) if op == "sgd_update" else (k, n, b)
+    from kernels_core.reference import native
+    inputs = workload.make_inputs(op, "fp32", shape, "tn" if op == "linear_sgd" else "", "cpu", rng, momentum=0.0)
+    bufs = [inputs.args[2]] if op == "sgd_update" else list(inputs.args[4:6])
+    assert inputs.kwargs["momentum"] == 0 and all(buf is None for buf in bufs)
+    outputs = workload.run(getattr(native, op), op, inputs.clone(), None)
+    assert len(outputs) == (1 if op == "sgd_update" else 2)
+    assert workload.check_result(outputs, workload.expected(op, inputs))[1] is None
+    with_bufs = workload.make_inputs(op, "fp32", shape, "tn" if op == "linear_sgd" else "", "cpu", rng)
+    assert with_bufs.kwargs["momentum"] == workload.SGD_HYPER["momentum"]
+    assert len(workload.run(getattr(native, op), op, with_bufs.clone(), None)) == 2 * len(outputs)
+    # The step with momentum, bufs random: not the plain step the reference wants.
+    momentum = inputs.clone()
+    args = list(momentum.args)
+    if op == "sgd_update":
+        args[2] = [torch.randn(k * n, generator=rng)]
+    else:
+        args[4:6] = [torch.randn(k, n, generator=rng), torch.randn(n, generator=rng)]
+    native_call = getattr(native, op)
+    native_call(*args, **dict(momentum.kwargs, momentum=0.9))
+    moved = list(args[0]) if op == "sgd_update" else list(args[2:4])
+    assert workload.check_result(moved, workload.expected(op, inputs))[1] is not None
+
+
+def test_the_momentum_reaches_the_sgd_calls_and_names_their_studies():
+    plain = workload.mnist_mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16")
+    seed = workload.mnist_mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16", momentum=0.0)
+    assert [(c.op, c.key) for c in plain] == [(c.op, c.key) for c in seed]  # the store's keys
+    for c, z in zip(plain, seed):
+        assert c.study_key == c.key and c.momentum == workload.SGD_HYPER["momentum"]
+        if z.op in workload.SGD_OPS:
+            assert z.momentum == 0 and z.study_key == z.key + ":no-momentum"
+        else:  # the GEMMs move the same bytes either way: one study for both protocols
+            assert z.study_key == z.key
+    shaped = workload.calls_for_shapes(["sgd_update", "matmul"], "fp32", [((1000,), ""), ((8, 8, 8), "nn")], 0.0)
+    assert [c.study_key for c in shaped] == ["1000:no-momentum", "8x8x8:nn"]
+
+
 def test_the_gate_catches_one_wrong_tile_of_a_big_bf16_matmul():
     gen = torch.Generator().manual_seed(2)
     inputs = workload.make_inputs("matmul", "bf16", (2048, 2048, 64), "nn", "cpu", gen)
@@ -183,6 +226,11 @@ def test_flops_and_bytes():
     flops, nbytes = workload.flops_bytes("relu", (10, 10), "fp32")
     assert flops is None and nbytes == 800
     assert workload.throughput("matmul", (1000, 1000, 1000), "fp16", 1.0) == pytest.approx(2.0)
+    # SGD's fp32 state: the weight, and with momentum its buffer, each read and written.
+    assert workload.flops_bytes("sgd_update", (100,), "fp16") == (None, 100 * (16 + 2))
+    assert workload.flops_bytes("sgd_update", (100,), "fp16", momentum=0.0) == (None, 100 * (8 + 2))
+    flops, nbytes = workload.flops_bytes("linear_sgd", (6, 5, 4), "fp16", momentum=0.0)
+    assert flops == 2.0 * 6 * 5 * 4 and nbytes == 2 * 4 * (6 + 5) + 8 * (6 * 5 + 5)
 
 
 # -- config store --------------------------------------------------------------------

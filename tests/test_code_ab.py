@@ -20,6 +20,19 @@ def test_worker_one_imports_the_old_tree(tmp_path):
     assert not older["ok"] and "this is the old tree" in older["error"]
 
 
+def test_an_old_tree_that_ignores_the_calls_momentum_is_told_apart(tmp_path):
+    """Trees from before the tuner's --momentum build SGD inputs with buffers whatever the call
+    says: the seed protocol's A/B then times both codes with buffers."""
+    from pathlib import Path
+
+    assert code_ab.takes_momentum(Path(code_ab.__file__).resolve().parent.parent)
+    old = tmp_path / "old" / "autotune"
+    assert not code_ab.takes_momentum(old.parent)
+    old.mkdir(parents=True)
+    (old / "worker.py").write_text('call = Call(req["op"], req["dtype"], tuple(req["shape"]))\n')
+    assert not code_ab.takes_momentum(old.parent)
+
+
 def test_old_commit_from_the_stamp_or_the_folder(tmp_path):
     tree = tmp_path / "303047b"
     tree.mkdir()

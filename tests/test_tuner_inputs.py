@@ -274,6 +274,13 @@ def test_timeout_must_be_a_finite_positive_number_of_seconds(value, capsys):
     assert "--timeout" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["1", "-0.1", "nan", "inf", "none"])
+def test_momentum_must_be_in_zero_to_one(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        search.parse_args(["--momentum", value])
+    assert info.value.code == 2 and "is not a momentum in [0, 1)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_max_failures_in_a_row_must_be_at_least_one(value, capsys):
     with pytest.raises(SystemExit) as info:
@@ -284,7 +291,8 @@ def test_max_failures_in_a_row_must_be_at_least_one(value, capsys):
 
 
 @pytest.mark.parametrize("flags", [["--shapes", "64x64"], ["--storage", "sqlite:///x.db"], ["--hidden", "64"],
-                                   ["--layers", "3"], ["--batch-size", "32"], ["--sampler", "random"]])
+                                   ["--layers", "3"], ["--batch-size", "32"], ["--sampler", "random"],
+                                   ["--momentum", "0"]])
 def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
     with pytest.raises(SystemExit) as info:
         search.parse_args(["--compile-only", "--target", "sm_75", *flags])
@@ -297,6 +305,7 @@ def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
 def test_defaults_stay_what_the_help_says():
     args = search.parse_args([])
     assert (args.hidden, args.layers, args.batch_size, args.sampler) == ((1024,), 2, 128, "tpe-valid")
+    assert args.momentum == 0.9  # the trainer's default protocol's
     assert args.storage.startswith("sqlite:///") and args.storage.endswith("experiments/tuning.db")
 
 
