@@ -1,6 +1,7 @@
 """Optuna plumbing shared by the search and the search-quality replay.
 
-One study per (target, op, backend, dtype, shape). Each tunable ranges over
+One study per (target, op, backend, dtype, shape; SGD's also per momentum or none,
+workload.Call.study_key). Each tunable ranges over
 the values that appear in at least one valid config of the target: as an
 index into its sorted values for the samplers that model order
 (ORDINAL_SAMPLERS), as a categorical for the others.

@@ -91,11 +91,6 @@ class Runner:
         torch = self.torch
         self.prepared = None
         device = torch.device(req["device"])
-        if device.type == "cpu":
-            # One thread: workers share the cores with each other and the search. An OpenMP team
-            # with a thread preempted waits out a scheduler tick at its barrier: on 2 cores beside
-            # two busy processes, a 0.1 ms call's median of five took 16 ms.
-            torch.set_num_threads(1)
         call = Call(req["op"], req["dtype"], tuple(req["shape"]), req.get("layout", ""),
                     req.get("bias", False), req.get("activation"), req.get("fused_arg"), req["momentum"])
         try:

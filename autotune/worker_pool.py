@@ -35,6 +35,10 @@ def worker_env(gpu: str | None, *, interpret: bool) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     if interpret:
         env["TRITON_INTERPRET"] = "1"
+        # One thread (torch's and the interpreter's BLAS): workers share the host's cores with each
+        # other and the search, and an OpenMP team with a thread preempted waits out a scheduler
+        # tick at its barrier. On 2 cores beside two busy processes, a call of 0.1 ms timed 16 ms.
+        env["OMP_NUM_THREADS"] = "1"
     return env
 
 

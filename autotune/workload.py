@@ -1,6 +1,7 @@
 """What gets tuned: op calls with shapes, their inputs, and their cost in FLOPs/bytes.
 
-A call's shape key is the name of its study and of its store entry:
+A call's shape key names its store entry, and its study (Call.study_key, marked
+":no-momentum" for SGD without buffers):
 matmul (M, N, K) plus a layout ("nn", "tn", "nt", "tt": t = that operand is
 transposed), elementwise and row ops (M, N), softmax_cross_entropy (M, C),
 sgd_update (total parameter elements,), and the fused ops by their GEMM:
@@ -27,8 +28,8 @@ LAYOUTS = ("nn", "tn", "nt", "tt")
 # of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2}
 SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
-# The ops that apply SGD: with momentum 0 (the trainer's seed protocol) they keep no buffers and
-# move 10 bytes a weight, not 18, so they are other calls to tune.
+# The ops that apply SGD: with momentum 0 (the trainer's seed protocol) they keep no buffers, 8
+# bytes a weight fewer to move (the fp32 buffer read and written), so they are other calls to tune.
 SGD_OPS = ("sgd_update", "linear_sgd")
 MNIST_IN, MNIST_CLASSES = 784, 10
 
@@ -242,7 +243,7 @@ def run(fn: Callable, op: str, inputs: OpInputs, config) -> list[torch.Tensor]:
 def expected(op: str, inputs: OpInputs) -> list[torch.Tensor]:
     """The float64 reference outputs (inputs are left as they are)."""
     result = getattr(exact, op)(*inputs.args, **inputs.kwargs)
-    if op in ("sgd_update", "linear_sgd"):
+    if op in SGD_OPS:
         params, bufs = result
         return params + bufs
     return list(result) if isinstance(result, tuple) else [result]

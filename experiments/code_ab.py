@@ -15,13 +15,14 @@ falls on both alike.
 
 -> results/code_ab_<label>.csv, a row per call, backend and code ("new" this checkout, "old" the
    old tree): median, min and max over the rounds, the config, provenance (commit is this
-   checkout's; old_commit the old tree's, from its LAB_COMMIT file or its directory name). The
-   summary prints the median old / new ratio and the sum over the step's distinct calls (a call
+   checkout's; old_commit the old tree's, from its LAB_COMMIT file or its directory name), and the
+   SGD calls' momentum (an old tree may force 0.9: NOTES section 24). The summary prints the median old / new ratio and the sum over the step's distinct calls (a call
    the step makes twice, as the seed protocol's hidden layers do, counts once).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ import pandas as pd
 from autotune.evaluate import Evaluator
 from autotune.store import load_store
 from autotune.targets import resolve_target
-from autotune.workload import SGD_HYPER, mnist_mlp_calls
+from autotune.workload import SGD_HYPER, SGD_OPS, mnist_mlp_calls
 from experiments.bench_kernels import TRAINER_PROTOCOLS
 from experiments.compare import base_config
 from experiments.steps import timings_in_turn
@@ -104,7 +105,8 @@ def measure(args) -> pd.DataFrame:
                     t = pd.Series(t)
                     rows.append({**prov, "old_commit": old, "protocol": args.protocol,
                                  "hidden": args.hidden, "op": call.op, "backend": backend, "dtype": dtype,
-                                 "shape": call.key, "fused_arg": call.fused_arg or "", "code": code,
+                                 "shape": call.key, "fused_arg": call.fused_arg or "",
+                                 "momentum": call.momentum if call.op in SGD_OPS else None, "code": code,
                                  "config": json.dumps(config, sort_keys=True), "median_ms": t.median(),
                                  "min_ms": t.min(), "max_ms": t.max(), "rounds": len(t)})
                 print(f"{call.op:21s} {backend:6s} {call.key:16s} old {pd.Series(times[1]).median() * 1e3:6.2f} us"
@@ -130,7 +132,10 @@ def main(argv=None) -> int:
     label = args.label or device_slug()
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"code_ab_{label}.csv"
-    rows.to_csv(path, mode="a", header=not path.exists(), index=False, float_format="%.6g")
+    # Both as text, so the file's rows are written back as they were, empty in a column added since.
+    text = [pd.read_csv(f, dtype=str, keep_default_na=False)
+            for f in ([path] if path.exists() else []) + [io.StringIO(rows.to_csv(index=False, float_format="%.6g"))]]
+    pd.concat(text, ignore_index=True).to_csv(path, index=False)
     print("\n".join(summary(rows)))
     print(f"wrote {path}")
     return 0

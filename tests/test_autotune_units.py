@@ -209,6 +209,23 @@ def test_the_momentum_reaches_the_sgd_calls_and_names_their_studies():
     assert [c.study_key for c in shaped] == ["1000:no-momentum", "8x8x8:nn"]
 
 
+@pytest.mark.parametrize("op,shape,layout", [("sgd_update", [37], ""), ("linear_sgd", [5, 3, 4], "tn")])
+def test_the_worker_builds_an_sgd_calls_inputs_at_the_requests_momentum(op, shape, layout):
+    """The momentum travels in the worker's request, through Call.inputs: at 0 the prepared call
+    has no buffers, and the check passes on the params alone."""
+    from autotune.worker import Runner
+
+    runner = Runner()
+    for momentum in (0.0, 0.9):
+        req = {"backend": "torch", "op": op, "dtype": "fp32", "shape": shape, "layout": layout,
+               "momentum": momentum, "seed": 1, "device": "cpu"}
+        assert runner.prepare(req)["ok"]
+        args = runner.prepared[3].args
+        bufs = [args[2]] if op == "sgd_update" else list(args[4:6])
+        assert all((buf is None) == (momentum == 0) for buf in bufs)
+        assert runner.measure({"reps": 3, "max_seconds": 0.01})["ok"]
+
+
 def test_the_gate_catches_one_wrong_tile_of_a_big_bf16_matmul():
     gen = torch.Generator().manual_seed(2)
     inputs = workload.make_inputs("matmul", "bf16", (2048, 2048, 64), "nn", "cpu", gen)

@@ -1,4 +1,6 @@
 """experiments.code_ab: the same configs timed on this checkout and on an older tree, in turn."""
+from types import SimpleNamespace
+
 import pandas as pd
 
 from experiments import code_ab
@@ -39,6 +41,22 @@ def test_old_commit_from_the_stamp_or_the_folder(tmp_path):
     assert code_ab.old_commit(tree) == "303047b"
     (tree / "LAB_COMMIT").write_text("abc1234\n")
     assert code_ab.old_commit(tree) == "abc1234"
+
+
+def test_a_run_adds_its_rows_and_leaves_the_files_rows_as_they_were(tmp_path, monkeypatch):
+    """A column added since (momentum) is empty in the file's rows; their text is unchanged."""
+    old = ["utc,commit,op,median_ms", '2026-12-01T19:37:47Z,12e4567,matmul,0.0049824']
+    (tmp_path / "code_ab_x.csv").write_text("\n".join(old) + "\n")
+    rows = pd.DataFrame([{"utc": "2026-12-02T08:00:00Z", "commit": "abc", "op": "linear_sgd",
+                          "median_ms": 0.00123456789, "momentum": 0.0, "backend": "cuda", "shape": "s",
+                          "code": code} for code in ("new", "old")])
+    monkeypatch.setattr(code_ab, "measure", lambda args: rows)
+    monkeypatch.setattr(code_ab, "parse_args", lambda argv=None: SimpleNamespace(label="x", results=tmp_path))
+    assert code_ab.main([]) == 0
+    lines = (tmp_path / "code_ab_x.csv").read_text().splitlines()
+    assert lines[0] == "utc,commit,op,median_ms,momentum,backend,shape,code"
+    assert lines[1] == old[1] + ",,,,"  # a commit that reads as a number stays text
+    assert lines[2] == "2026-12-02T08:00:00Z,abc,linear_sgd,0.00123457,0,cuda,s,new" and len(lines) == 4
 
 
 def test_summary_sums_the_step_and_takes_the_median_ratio():

@@ -24,6 +24,7 @@ from autotune import search
 from autotune.plan import build_plan
 from autotune.store import ConfigStore, StoreError, load_store, save_store
 from autotune.trials_csv import TrialsCsv, TrialsCsvError, columns
+from trainer.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = columns(["BLOCK", "MODE"])
@@ -305,7 +306,7 @@ def test_compile_only_refuses_the_flags_it_would_ignore(flags, capsys):
 def test_defaults_stay_what_the_help_says():
     args = search.parse_args([])
     assert (args.hidden, args.layers, args.batch_size, args.sampler) == ((1024,), 2, 128, "tpe-valid")
-    assert args.momentum == 0.9  # the trainer's default protocol's
+    assert args.momentum == Config.momentum  # the trainer's default protocol's
     assert args.storage.startswith("sqlite:///") and args.storage.endswith("experiments/tuning.db")
 
 
