@@ -178,44 +178,60 @@ __device__ __forceinline__ bool splitk_arrive_last(int* counter, int arrivals) {
 
 // The last arrival's sums of G float4s of its tile (the first `count` of v):
 // v[g] holds this block's own slice (blockIdx.y) of float4 g, which the other
-// slices have at p + g * g_stride + s * slice_stride. Every load of the batch
-// is issued before the first add, so the batch costs one trip to L2, not one
-// per slice; the adds then go in slice order 0, 1, ... whoever arrived last,
-// so the result's bits are always the same. Slot t of x holds slice t below
-// the own one and slice t + 1 above it: SPLIT_K - 1 slots, indexed by
-// constants (a run-time index would put x in local memory).
+// slices have at p + g * g_stride + s * slice_stride. The other slices' float4s
+// are loaded in batches of CHUNK slots, every load of a batch issued before
+// its first add, so a batch costs one trip to L2, not one per slice; the adds
+// then go in slice order 0, 1, ... whoever arrived last, so the result's bits
+// are always the same. Slot t holds slice t below the own one and slice t + 1
+// above it: SPLIT_K - 1 slots, indexed by constants (a run-time index would
+// put x in local memory). Up to SPLIT_K = 17 the slots are one batch; beyond,
+// G is 1 and the slots go 16 at a time (SPLIT_K = 64: four trips).
 template <int SPLIT_K, int G>
 __device__ __forceinline__ void splitk_sum(float (&v)[G][4], const Pack<float, 4>* p, i64 g_stride, i64 slice_stride,
                                            int slices, int count) {
+    constexpr int SLOTS = SPLIT_K - 1, CHUNK = SLOTS < 16 ? SLOTS : 16;
+    static_assert(G * CHUNK <= 16, "at most 16 float4s in flight");
     const int own = blockIdx.y;
-    Pack<float, 4> x[G][SPLIT_K - 1];
+    float sum[G][4];
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
-        for (int t = 0; t < SPLIT_K - 1; ++t) {
-            const int s = t < own ? t : t + 1;
-            if (g < count && s < slices) x[g][t] = ldcg4(p + g * g_stride + s * slice_stride);
+        for (int j = 0; j < 4; ++j) sum[g][j] = -0.f;  // -0 + x is x, bit for bit, for every x
+#pragma unroll
+    for (int t0 = 0; t0 < SLOTS; t0 += CHUNK) {
+        Pack<float, 4> x[G][CHUNK];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int c = 0; c < CHUNK; ++c) {
+                const int t = t0 + c, s = t < own ? t : t + 1;
+                if (g < count && t < SLOTS && s < slices) x[g][c] = ldcg4(p + g * g_stride + s * slice_stride);
+            }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g >= count) break;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int c = 0; c < CHUNK; ++c) {
+                    const int t = t0 + c;
+                    if (t >= SLOTS) break;  // the last batch's slots past the end
+                    if (t == own) sum[g][j] += v[g][j];
+                    if ((t < own ? t : t + 1) < slices) sum[g][j] += x[g][c].v[j];
+                }
         }
+    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         if (g >= count) break;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float sum = -0.f;  // -0 + x is x, bit for bit, for every x
-#pragma unroll
-            for (int t = 0; t < SPLIT_K - 1; ++t) {
-                if (t == own) sum += v[g][j];
-                if ((t < own ? t : t + 1) < slices) sum += x[g][t].v[j];
-            }
-            if (own == SPLIT_K - 1) sum += v[g][j];
-            v[g][j] = sum;
-        }
+        for (int j = 0; j < 4; ++j) v[g][j] = own == SPLIT_K - 1 ? sum[g][j] + v[g][j] : sum[g][j];
     }
 }
 
-// float4s per splitk_sum batch: G * (SPLIT_K - 1) loads in flight, at most 16
+// float4s per splitk_sum batch: G * min(SPLIT_K - 1, 16) loads in flight, at most 16
 // (64 registers) whatever SPLIT_K is.
-__host__ __device__ constexpr int splitk_batch(int split_k) { return 16 / (split_k - 1); }
+__host__ __device__ constexpr int splitk_batch(int split_k) { return split_k > 17 ? 1 : 16 / (split_k - 1); }
 
 // The split-K end of a block's work, once its loop over its slice is done:
 // stores its partial tile, arrives, and in the last arrival turns the N

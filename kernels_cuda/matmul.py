@@ -20,17 +20,22 @@ from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
-# space to a few thousand configs (sm_90: tensor cores 1590, SIMT 3232) and dense enough
+# space to a few thousand configs (sm_90: tensor cores 1734, SIMT 3346) and dense enough
 # that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
 # default sampler proposes valid configs only): GROUP_M = 8 (a grid of few tiles
 # runs at once, the order of its blocks hardly matters), on the SIMT kernel
 # num_stages = 2 (the prefetching loop), on the tensor-core kernel tiles up
 # to 128 x 128 (an output that needs split-K is cut into smaller tiles first).
+# 32 and 64 slices only for tiles of at most 512 outputs: the logits' products
+# (32 x 10 or 128 x 10 over K = 1024..8192) have 1 to 8 such tiles, which 16
+# slices leave at 16 to 128 blocks of 8 to 32 serial k steps each; 64 slices of
+# K = 8192 are two 64-wide steps (the last arrival then reads 63 partials, 16 at a time).
 #
 # No VEC tunable: operands are read 16 bytes per access, and the host lowers
 # the width by itself where a pointer or leading dimension is not aligned to
 # it; a narrower width than alignment allows only adds instructions.
 VEC_BYTES = 16
+SPLIT_WIDE = "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512  # 32 or 64 slices: tiles of at most 512 outputs (see above)"
 
 # Register-tiled SGEMM. THREAD_M x THREAD_N outputs per thread, so the block
 # has BLOCK_M * BLOCK_N / (THREAD_M * THREAD_N) threads (whole warps, at most
@@ -58,7 +63,7 @@ SIMT_SPACE = Space(
         "THREAD_N": (2, 4, 8),
         "num_stages": (1, 2),
         "GROUP_M": (1, 8),
-        "SPLIT_K": (1, 2, 4, 8, 16),
+        "SPLIT_K": (1, 2, 4, 8, 16, 32, 64),
     },
     default={
         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "THREAD_M": 8, "THREAD_N": 8,
@@ -69,6 +74,7 @@ SIMT_SPACE = Space(
         f"THREAD_M * THREAD_N + BLOCK_K * (BLOCK_M + BLOCK_N) / {SIMT_THREADS} <= 96"
         "  # accumulators + staged copies: at most 96 floats per thread",
         "SPLIT_K == 1 or (num_stages == 2 and GROUP_M == 8)  # split-K configs fix these (see above)",
+        SPLIT_WIDE,
         "elt == 4",
     ),
     threads=SIMT_THREADS,
@@ -118,6 +124,7 @@ _MMA_SYNC_RULES = (
     "arch >= 80 or 2 * BLOCK_M * BLOCK_N + (BLOCK_M + BLOCK_N) * BLOCK_K <= 64 * 88 * num_warps"
     "  # sm_75: accumulators + staged copies",
     "SPLIT_K == 1 or (GROUP_M == 8 and BLOCK_M <= 128 and BLOCK_N <= 128)  # split-K configs (see above)",
+    SPLIT_WIDE,
 )
 _WGMMA_RULES = (
     "arch == 90  # wgmma is sm_90a's alone",
@@ -141,7 +148,7 @@ TC_SPACE = Space(
         "num_warps": (1, 2, 4, 8),
         "num_stages": (2, 3, 4),
         "GROUP_M": (1, 8),
-        "SPLIT_K": (1, 2, 4, 8, 16),
+        "SPLIT_K": (1, 2, 4, 8, 16, 32, 64),
         "WGMMA": (0, 1),
     },
     # Best of a 76-config sweep at 4096^3 fp16 on an H200 (266 TFLOP/s). mma.sync: every call

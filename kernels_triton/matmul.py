@@ -288,7 +288,7 @@ _PARAMS = {
     "GROUP_M": (1, 8),
     "num_warps": (2, 4, 8),
     "num_stages": (3, 4),
-    "SPLIT_K": (1, 2, 4, 8, 16),
+    "SPLIT_K": (1, 2, 4, 8, 16, 32, 64),
 }
 _RESTRICTIONS = (
     # The fp32 accumulator lives in registers: at most 128 per thread.
@@ -307,6 +307,10 @@ _RESTRICTIONS = (
     # (128x1024, 32x4096, 128x10) these give 1..512 tiles, which SPLIT_K up to
     # 16 lifts to or past the H200's 132 SMs; bigger ones would only add configs.
     "SPLIT_K == 1 or BLOCK_M * BLOCK_N <= 64 * 64",
+    # 32 and 64 slices only for tiles of at most 512 outputs: the logits'
+    # products (32x10 or 128x10 over K = 1024..8192) have 1..8 such tiles,
+    # which 16 slices leave at 16..128 programs of 8..32 serial K steps.
+    "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512",
     # A slice is a whole number of BLOCK_K steps: at K = 784, 128-wide steps
     # would leave 9 of SPLIT_K = 16 slices empty (64-wide: 3).
     "SPLIT_K == 1 or BLOCK_K <= 64",

@@ -183,20 +183,24 @@ def test_each_cu_files_header_build_line_works(name):
 
 # ----------------------------------------------------------------------------- split-K and small tiles
 
-# Configs the trainer's shapes want (16-wide tiles for N = 10 and M = 32, one-warp blocks, every
-# SPLIT_K), over the arch's default for the rest; each must build on every arch without spilling
+# Configs the trainer's shapes want (16-wide tiles for N = 10 and M = 32, one-warp blocks, SPLIT_K
+# from 2 to 64), over the arch's default for the rest; each must build on every arch without spilling
 # more than ptxas does when it caps a kernel at 128 registers for occupancy (12 bytes here for
 # 64 x 64 / 4 warps / SPLIT_K = 8 at sm_75; the split-K-free kernels show 8-16 bytes the same way).
 MAX_SPILL = 16
 SPLITK_SAMPLES = {
     "fp32": [
         {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 8, "THREAD_M": 4, "THREAD_N": 4, "SPLIT_K": 16},
+        {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "THREAD_M": 2, "THREAD_N": 2, "SPLIT_K": 64},
+        {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "THREAD_M": 4, "THREAD_N": 4, "SPLIT_K": 32},
         {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "THREAD_M": 4, "THREAD_N": 4, "SPLIT_K": 8},
         {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "THREAD_M": 4, "THREAD_N": 4, "SPLIT_K": 4},
         {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "SPLIT_K": 2},
     ],
     "fp16": [
         {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 1, "SPLIT_K": 16},
+        {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 2, "SPLIT_K": 64},
+        {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1, "SPLIT_K": 32},
         {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1, "SPLIT_K": 8},
         {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 2, "SPLIT_K": 4},
         {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "SPLIT_K": 8},

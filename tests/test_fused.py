@@ -127,7 +127,7 @@ def test_linear_ce(ops, device, rng, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split_k", [2, 4, 16])
+@pytest.mark.parametrize("split_k", [2, 4, 16, 64])
 @pytest.mark.parametrize("k_case", ["short", "ragged"])
 def test_linear_ce_split_k(ops, device, rng, k_case, split_k, dtype):
     """The last slice of a row tile runs the loss epilogue, once; K < SPLIT_K * BLOCK_K (slices

@@ -22,7 +22,7 @@ from tests.test_ops import assert_rel, laid_out, poisoned, randn
 
 DTYPES = list(contract.DTYPES)
 LAYOUTS = {"nn": (False, False), "tn": (True, False), "nt": (False, True), "tt": (True, True)}
-SPLITS = (2, 4, 16)
+SPLITS = (2, 4, 16, 64)
 
 # Unit roundoff of each output dtype: the one rounding of the fp32 result.
 # Triton's interpreter converts fp32 to bf16 by truncation: a full ulp.
@@ -158,7 +158,7 @@ def test_splitk_bitwise_deterministic(ops, device, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split_k", (4, 16))
+@pytest.mark.parametrize("split_k", (4, 16, 64))
 def test_splitk_sums_slices_in_order(ops, device, rng, split_k, dtype):
     """The bits of the contract's reduction: partials summed in fp32 in slice
     order 0..SPLIT_K-1, slices of ceil(K / (SPLIT_K * BLOCK_K)) * BLOCK_K.
@@ -213,14 +213,18 @@ def test_splitk_workspace_shared_by_shapes(ops, device, rng):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_space_offers_splitk_and_small_tiles(ops, dtype):
     """Both twins declare the same SPLIT_K values and 16-wide tiles for the
-    trainer's N = 10 and M = 32, with valid configs at sm_90."""
+    trainer's N = 10 and M = 32, with valid configs at sm_90; 32 and 64 slices
+    on tiles of at most 512 outputs only."""
     sp = ops.space("matmul", dtype)
-    assert tuple(sp.params["SPLIT_K"]) == (1, 2, 4, 8, 16)
+    assert tuple(sp.params["SPLIT_K"]) == (1, 2, 4, 8, 16, 32, 64)
     assert sp.default["SPLIT_K"] == 1
     configs = list(sp.configs(contract.DTYPES[dtype].itemsize, 90))
-    assert {c["SPLIT_K"] for c in configs} == {1, 2, 4, 8, 16}
+    assert {c["SPLIT_K"] for c in configs} == {1, 2, 4, 8, 16, 32, 64}
     assert any(c["BLOCK_N"] == 16 and c["SPLIT_K"] > 1 for c in configs), "no split tile for N = 10"
     assert any(c["BLOCK_M"] <= 32 and c["SPLIT_K"] > 1 for c in configs), "no split tile for M = 32"
+    wide = [c for c in configs if c["SPLIT_K"] > 16]
+    assert max(c["BLOCK_M"] * c["BLOCK_N"] for c in wide) == 512
+    assert any(c["BLOCK_M"] == c["BLOCK_N"] == 16 for c in wide), "no 16 x 16 tile with 64 slices"
 
 
 def test_splitk_partials_past_32_bits_refused():
