@@ -178,54 +178,69 @@ __device__ __forceinline__ bool splitk_arrive_last(int* counter, int arrivals) {
 
 // The last arrival's sums of G float4s of its tile (the first `count` of v):
 // v[g] holds this block's own slice (blockIdx.y) of float4 g, which the other
-// slices have at p + g * g_stride + s * slice_stride. The other slices' float4s
-// are loaded in batches of CHUNK slots, every load of a batch issued before
-// its first add, so a batch costs one trip to L2, not one per slice; the adds
-// then go in slice order 0, 1, ... whoever arrived last, so the result's bits
-// are always the same. Slot t holds slice t below the own one and slice t + 1
-// above it: SPLIT_K - 1 slots, indexed by constants (a run-time index would
-// put x in local memory). Up to SPLIT_K = 17 the slots are one batch; beyond,
-// G is 1 and the slots go 16 at a time (SPLIT_K = 64: four trips).
+// slices have at p + g * g_stride + s * slice_stride. Every load of a batch
+// is issued before the first add, so a batch costs one trip to L2, not one
+// per slice; the adds then go in slice order 0, 1, ... whoever arrived last,
+// so the result's bits are always the same. Slot t holds slice t below the
+// own one and slice t + 1 above it: SPLIT_K - 1 slots, indexed by constants
+// (a run-time index would put x in local memory). Up to SPLIT_K = 17 the
+// slots are one batch. Past that G is 1 and the slots go 16 at a time
+// (SPLIT_K = 64: four trips), in a loop of its own: one loop over batches for
+// both cases made ptxas interleave a single batch's loads with its adds (three
+// trips where there was one) and take 10 registers more, which cost 18-42% on
+// the fp32 split-K products at K = 784 (experiments/NOTES.md, section 25).
 template <int SPLIT_K, int G>
 __device__ __forceinline__ void splitk_sum(float (&v)[G][4], const Pack<float, 4>* p, i64 g_stride, i64 slice_stride,
                                            int slices, int count) {
-    constexpr int SLOTS = SPLIT_K - 1, CHUNK = SLOTS < 16 ? SLOTS : 16;
-    static_assert(G * CHUNK <= 16, "at most 16 float4s in flight");
+    constexpr int SLOTS = SPLIT_K - 1;
     const int own = blockIdx.y;
-    float sum[G][4];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sum[g][j] = -0.f;  // -0 + x is x, bit for bit, for every x
-#pragma unroll
-    for (int t0 = 0; t0 < SLOTS; t0 += CHUNK) {
-        Pack<float, 4> x[G][CHUNK];
+    if constexpr (SLOTS <= 16) {
+        Pack<float, 4> x[G][SLOTS];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int c = 0; c < CHUNK; ++c) {
-                const int t = t0 + c, s = t < own ? t : t + 1;
-                if (g < count && t < SLOTS && s < slices) x[g][c] = ldcg4(p + g * g_stride + s * slice_stride);
+            for (int t = 0; t < SLOTS; ++t) {
+                const int s = t < own ? t : t + 1;
+                if (g < count && s < slices) x[g][t] = ldcg4(p + g * g_stride + s * slice_stride);
             }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             if (g >= count) break;
 #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float sum = -0.f;  // -0 + x is x, bit for bit, for every x
+#pragma unroll
+                for (int t = 0; t < SLOTS; ++t) {
+                    if (t == own) sum += v[g][j];
+                    if ((t < own ? t : t + 1) < slices) sum += x[g][t].v[j];
+                }
+                if (own == SLOTS) sum += v[g][j];
+                v[g][j] = sum;
+            }
+        }
+    } else {
+        static_assert(G == 1, "past 17 slices a batch is 16 slots of one float4");
+        float sum[4] = {-0.f, -0.f, -0.f, -0.f};
+#pragma unroll
+        for (int t0 = 0; t0 < SLOTS; t0 += 16) {
+            Pack<float, 4> x[16];
+#pragma unroll
+            for (int c = 0; c < 16; ++c) {
+                const int t = t0 + c, s = t < own ? t : t + 1;
+                if (count > 0 && t < SLOTS && s < slices) x[c] = ldcg4(p + s * slice_stride);
+            }
+#pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
-                for (int c = 0; c < CHUNK; ++c) {
+                for (int c = 0; c < 16 && t0 + c < SLOTS; ++c) {
                     const int t = t0 + c;
-                    if (t >= SLOTS) break;  // the last batch's slots past the end
-                    if (t == own) sum[g][j] += v[g][j];
-                    if ((t < own ? t : t + 1) < slices) sum[g][j] += x[g][c].v[j];
+                    if (t == own) sum[j] += v[0][j];
+                    if ((t < own ? t : t + 1) < slices) sum[j] += x[c].v[j];
                 }
         }
-    }
+        if (count > 0)
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-        if (g >= count) break;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[g][j] = own == SPLIT_K - 1 ? sum[g][j] + v[g][j] : sum[g][j];
+            for (int j = 0; j < 4; ++j) v[0][j] = own == SLOTS ? sum[j] + v[0][j] : sum[j];
     }
 }
 
