@@ -447,20 +447,27 @@ def test_tc_warp_grid_is_one_the_kernel_runs(arch):
 
 @pytest.mark.parametrize("dtype", tuple(DTYPES))
 def test_matmul_space_is_dense_enough_to_search(dtype):
-    """The tuner suggests each tunable on its own (among the values valid configs use) and gives
-    up a study after 100 invalid suggestions in a row (autotune.studies). Replaying its TPE
-    sampler on these spaces (valid fraction 0.14-0.15) and the ones before split-K (0.13-0.20),
-    no run came within 60 of that; at 0.08, one in four came within 6. The wgmma kernel (WGMMA=1,
-    sm_90 only) adds a sparse region: the whole fp16 space at sm_90 is 0.075 dense, and 8 replays
-    of 60 trials on it (fake times) never gave up (NOTES section 14); the mma.sync region keeps the
-    old density."""
+    """A sampler that suggests each tunable on its own (among the values valid configs use), the
+    tuner's `--sampler tpe`, gives up a study after 100 invalid suggestions in a row
+    (autotune.studies; the default, tpe-valid, suggests valid configs only). Replaying plain TPE on
+    the spaces before split-K (valid fraction 0.13-0.20) and with it (0.14-0.15), no run came
+    within 60 of that; at 0.08, one in four came within 6. The wgmma kernel (WGMMA=1, sm_90 only)
+    adds a sparse region: the whole fp16 space at sm_90 was 0.075 dense, and 8 replays of 60 trials
+    on it (fake times) never gave up (NOTES section 14). SPLIT_K 32 and 64 (NOTES section 25) take
+    the whole fp16 space to 0.069, where 1 of 8 replays gave up after 48 trials, and the SIMT space
+    to 0.106, where none of 8 did (results/splitk64_space_replay_*.txt): these bounds are that
+    edge. The mma.sync region keeps its density."""
     sp = kc.space("matmul", dtype)
     valid = list(sp.configs(_elt(dtype), 90))
-    values = {name: {c[name] for c in valid} for name in sp.params}
-    assert len(valid) / math.prod(len(v) for v in values.values()) >= (0.07 if "WGMMA" in values else 0.12)
-    mma_sync = [c for c in valid if not c.get("WGMMA")]
-    values = {name: {c[name] for c in mma_sync} for name in sp.params}
-    assert len(mma_sync) / math.prod(len(v) for v in values.values()) >= 0.12
+
+    def density(configs):
+        return len(configs) / math.prod(len({c[name] for c in configs}) for name in sp.params)
+
+    if "WGMMA" not in sp.params:  # the SIMT kernel
+        assert density(valid) >= 0.10
+    else:
+        assert density(valid) >= 0.065
+        assert density([c for c in valid if not c["WGMMA"]]) >= 0.12
 
 
 @pytest.mark.parametrize("mangled,expr", [
