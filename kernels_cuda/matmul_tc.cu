@@ -387,34 +387,40 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // matrix l / 8; matrix q of A is (m + 8 * (q & 1), k + 8 * (q >> 1)), i.e.
     // fragments a0..a3; matrix q of B is (n + 8 * (q >> 1), k + 8 * (q & 1)),
     // i.e. b0, b1 of n-tile 2j and b0, b1 of n-tile 2j + 1.
+    // Each lane's row address in stage 0 at i = j = kk = 0 is worked out once, in the shared
+    // space: the loop adds the stage's offset and compile-time ones, which ldmatrix takes as
+    // immediates. Formed from a generic pointer at every ldmatrix (smem_addr's cvta is opaque to
+    // the compiler), each address cost about six 64-bit instructions ahead of its ldmatrix, in
+    // the chain every k step of a one- or two-warp block waits on (experiments/NOTES.md, section 26).
     const int q = lane / 8, qr = lane % 8;
+    const u32 a_lane = smem_addr(As) + 2 * (A_KC ? (wm * WM + (q & 1) * 8 + qr) * TileA::LD_S + (q >> 1) * 8
+                                                 : ((q >> 1) * 8 + qr) * TileA::LD_S + wm * WM + (q & 1) * 8);
+    // For B's odd n-tile (ldmatrix x2, NT odd) only lanes 0-15 give addresses, and for them q >> 1 is 0.
+    const u32 b_lane = smem_addr(Bs) + 2 * (B_KC ? (wn * WN + (q >> 1) * 8 + qr) * TileB::LD_S + (q & 1) * 8
+                                                 : ((q & 1) * 8 + qr) * TileB::LD_S + wn * WN + (q >> 1) * 8);
     auto compute = [&](int s) {
-        const u16* as = As + s * TileA::STAGE;
-        const u16* bs = Bs + s * TileB::STAGE;
+        const u32 as = a_lane + 2 * s * TileA::STAGE, bs = b_lane + 2 * s * TileB::STAGE;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             u32 af[MT][4], bf[NT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const int m = wm * WM + i * 16 + (q & 1) * 8, k = kk + (q >> 1) * 8;
-                if (A_KC) ldmatrix_x4<0>(af[i], smem_addr(as + (m + qr) * TileA::LD_S + k));
-                else      ldmatrix_x4<1>(af[i], smem_addr(as + (k + qr) * TileA::LD_S + m));
+                if (A_KC) ldmatrix_x4<0>(af[i], as + 2 * (i * 16 * TileA::LD_S + kk));
+                else      ldmatrix_x4<1>(af[i], as + 2 * (kk * TileA::LD_S + i * 16));
             }
 #pragma unroll
             for (int j = 0; j < NT / 2; ++j) {
-                const int n = wn * WN + j * 16 + (q >> 1) * 8, k = kk + (q & 1) * 8;
                 u32 r[4];
-                if (B_KC) ldmatrix_x4<0>(r, smem_addr(bs + (n + qr) * TileB::LD_S + k));
-                else      ldmatrix_x4<1>(r, smem_addr(bs + (k + qr) * TileB::LD_S + n));
+                if (B_KC) ldmatrix_x4<0>(r, bs + 2 * (j * 16 * TileB::LD_S + kk));
+                else      ldmatrix_x4<1>(r, bs + 2 * (kk * TileB::LD_S + j * 16));
                 bf[2 * j][0] = r[0];
                 bf[2 * j][1] = r[1];
                 bf[2 * j + 1][0] = r[2];
                 bf[2 * j + 1][1] = r[3];
             }
             if constexpr (NT % 2) {  // a 16 x 8 warp tile's one n-tile: matrix q < 2 of B is (n, k + 8 * q)
-                const int n = wn * WN + (NT - 1) * 8, k = kk + (q & 1) * 8;
-                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], smem_addr(bs + (n + qr) * TileB::LD_S + k));
-                else      ldmatrix_x2<1>(bf[NT - 1], smem_addr(bs + (k + qr) * TileB::LD_S + n));
+                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], bs + 2 * ((NT - 1) * 8 * TileB::LD_S + kk));
+                else      ldmatrix_x2<1>(bf[NT - 1], bs + 2 * (kk * TileB::LD_S + (NT - 1) * 8));
             }
 #pragma unroll
             for (int i = 0; i < MT; ++i)
@@ -448,16 +454,22 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             cp_async_commit();
         }
         epilogue_reads();
+        // The stages of slices kt and kt + STAGES - 1 (kt % STAGES and (kt - 1) % STAGES), counted
+        // rather than divided out: with a division by 3 in each ldmatrix's address ptxas rebuilt
+        // the stage's offset per ldmatrix instead of folding it once.
+        int read = 0, write = STAGES - 1;
         for (int kt = 0; kt < KT; ++kt) {
             cp_async_wait<STAGES - 2>();
             // Makes every thread's copies of slice kt visible, and guarantees
             // all warps are done with slice kt - 1, whose stage is refilled next.
             __syncthreads();
             const int next = kt + STAGES - 1;
-            if (next < KT) load_stage(next % STAGES, next);
+            if (next < KT) load_stage(write, next);
             cp_async_commit();
-            compute(kt % STAGES);
-            add_bias(kt % STAGES);
+            compute(read);
+            add_bias(read);
+            write = read;
+            read = read + 1 == STAGES ? 0 : read + 1;
         }
     } else {
         typename TileA::Staged sa;
