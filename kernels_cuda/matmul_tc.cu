@@ -207,35 +207,41 @@ struct TcTile {
 
     template <int K_ROWS>
     struct Async {
-        i64 at;         // X's element of chunk 0 at k0 = 0
-        int rows_left;  // the tile's rows from chunk 0's on that lie inside X, at k0 = 0
-        int cols_left;  // its columns from chunk 0's on inside X, at k0 = 0
-        u32 dst;        // chunk 0's shared address in stage 0
+        const u16* next;  // chunk 0's element of X in the next k step to queue
+        i64 step, dp;     // elements from one k step to the next; from a thread's chunk to its next
+        int rows_left;    // the tile's rows from chunk 0's on that lie inside X, at k0 = 0
+        int cols_left;    // its columns from chunk 0's on inside X, at k0 = 0
+        u32 dst;          // chunk 0's shared address in stage 0
 
-        __device__ __forceinline__ Async(u16* Xs, i64 ld, int origin, int R, int CN) {
+        __device__ __forceinline__ Async(const u16* X, u16* Xs, i64 ld, int origin, int R, int CN) {
             const int r = threadIdx.x / CPR, col = (threadIdx.x % CPR) * V;
-            at = K_ROWS ? (i64)r * ld + origin + col : (i64)(origin + r) * ld + col;
+            next = X + (K_ROWS ? (i64)r * ld + origin + col : (i64)(origin + r) * ld + col);
+            step = K_ROWS ? (i64)ROWS * ld : COLS;
+            dp = DR * ld + DC;
             rows_left = R - r - (K_ROWS ? 0 : origin);
             cols_left = CN - col - (K_ROWS ? origin : 0);
             dst = smem_addr(Xs + r * LD_S + col);
         }
 
-        // Queues the copies of the k step at k0 into stage s. A thread whose chunks all lie inside
-        // X (every thread of an inner tile) copies them whole; at an edge cp.async's src-size
-        // zero-fills what lies outside X, and no address outside it is formed.
-        __device__ __forceinline__ void load(const u16* X, i64 ld, int s, int k0) const {
+        // Queues the copies of the k step at k0 into stage s, and moves on to the next k step: the
+        // kernel queues every k step once, in order, so the source address is a running pointer
+        // (worked out from k0 and the leading dimension, it was a chain of 64-bit multiplies and
+        // adds ahead of each copy: experiments/NOTES.md, section 26). A thread whose chunks all lie
+        // inside X (every thread of an inner tile) copies them whole; at an edge cp.async's src-size
+        // zero-fills what lies outside X, and no address outside it is passed to a copy.
+        __device__ __forceinline__ void load(const u16* X, int s, int k0) {
             static_assert(V >= 2 && !GATHER && STRIDED, "2-byte chunks, gathered rows, rows of more chunks than "
                                                         "threads take load_async");
-            const i64 from = at + (K_ROWS ? (i64)k0 * ld : k0), dp = DR * ld + DC;
             const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
             const u32 to = dst + 2 * s * STAGE;
+            const u16* from = next;
+            next += step;
             constexpr int LAST = PER_THREAD - 1;
             if (rows > LAST * DR && cols - LAST * DC >= V) {
-                const u16* src = X + from;
 #pragma unroll
                 for (int p = 0; p < PER_THREAD; ++p) {
                     if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
-                    cp_async_whole<2 * V>(to + 2 * p * (DR * LD_S + DC), src + p * dp);
+                    cp_async_whole<2 * V>(to + 2 * p * (DR * LD_S + DC), from + p * dp);
                 }
                 return;
             }
@@ -244,7 +250,7 @@ struct TcTile {
                 if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
                 const int left = cols - p * DC;
                 const int n_ok = p * DR < rows ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
-                const u16* src = n_ok > 0 ? X + from + p * dp : X;
+                const u16* src = n_ok > 0 ? from + p * dp : X;
                 cp_async<2 * V>(to + 2 * p * (DR * LD_S + DC), src, 2 * n_ok);
             }
         }
@@ -434,14 +440,14 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // Queues copies of k-slice kt of both operands into stage s.
         // TcTile::Async's cases; the rest take load_async.
         constexpr bool A_ASYNC = !A_ROWS && VA >= 2 && TileA::STRIDED, B_ASYNC = VB >= 2 && TileB::STRIDED;
-        const typename TileA::template Async<!A_KC> async_a(As, lda, m0, A_KC ? M : K, A_KC ? K : M);
-        const typename TileB::template Async<!B_KC> async_b(Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
+        typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M);
+        typename TileB::template Async<!B_KC> async_b(B, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
         auto load_stage = [&](int s, int kt) {
             const int k0 = kt * BK;
-            if constexpr (A_ASYNC) async_a.load(A, lda, s, k0);
+            if constexpr (A_ASYNC) async_a.load(A, s, k0);
             else if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
             else           TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
-            if constexpr (B_ASYNC) async_b.load(B, ldb, s, k0);
+            if constexpr (B_ASYNC) async_b.load(B, s, k0);
             else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
             else           TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
         };
