@@ -2,7 +2,7 @@
 import pandas as pd
 import torch
 
-from experiments import bench_kernels, compare, report
+from experiments import bench_kernels, compare, ksweep, report
 
 
 def test_readme_results_section_matches_the_committed_csvs():
@@ -234,3 +234,20 @@ def test_graph_profile_summary_of_ops_and_replays():
     assert pd.isna(s.gap_before_us_median[0]) and s.gap_before_us_median[1] == 0.5
     assert (s.step_span_us_median == 5.5).all() and (s.kernel_sum_us_median == 5.0).all()
     assert (s.replay_period_us_median == 10.0).all() and (s.gap_between_replays_us_median == 4.5).all()
+
+
+def test_ksweep_splits_each_line_into_its_fixed_and_per_step_parts(rng):
+    """Noisy rounds about two known lines (one per twin) come back as those lines, each from the
+    median of its own rounds; a config is fitted apart from the others at the same K."""
+    lines = {("nn", "cuda", "16x16x64 w2 s4"): (2.7, 0.09), ("nn", "triton", "16x16x64 w2 s4"): (2.1, 0.07)}
+    rows = []
+    for (layout, backend, config), (fixed, step) in lines.items():
+        for k in (64, 192, 448, 1000):
+            steps = -(-k // 64)
+            for noise in (0.0, 0.3, -0.3):  # one round far off each way: the median is the line
+                rows.append(dict(layout=layout, backend=backend, config=config, K=k, steps=steps,
+                                 us=fixed + step * steps + noise * float(torch.rand(1, generator=rng))))
+    got = ksweep.fit(pd.DataFrame(rows)).set_index(["layout", "backend", "config"])
+    for key, (fixed, step) in lines.items():
+        assert abs(got.loc[key, "fixed_us"] - fixed) < 1e-9 and abs(got.loc[key, "step_us"] - step) < 1e-9
+        assert got.loc[key, "points"] == 4 and got.loc[key, "worst_resid_us"] < 1e-9
