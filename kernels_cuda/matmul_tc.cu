@@ -381,13 +381,19 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         });
     };
 
-    Acc<ACC16> acc[MT][NT];
+    // A warp tile of one or two mma tiles (16 x 8, 16 x 16: the small blocks of 32 x N outputs)
+    // makes one chain of BK / 16 dependent mmas per k step, each waiting on the one before for its
+    // accumulator, while the step's copies have long landed. A second set of accumulators takes every
+    // other 16-wide k slice and halves that chain; the two are added once, after the loop (fp32
+    // accumulators only: ACC16 keeps its one rounding per mma; experiments/NOTES.md, section 26).
+    constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2 && BK >= 32;
+    Acc<ACC16> acc[MT][NT], acc_odd[MT][NT];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int e = 0; e < (ACC16 ? 2 : 4); ++e) acc[i][j].v[e] = 0;
+            for (int e = 0; e < (ACC16 ? 2 : 4); ++e) acc[i][j].v[e] = acc_odd[i][j].v[e] = 0;
 
     // ldmatrix x4 lane roles: lane l gives the address of row l % 8 of 8x8
     // matrix l / 8; matrix q of A is (m + 8 * (q & 1), k + 8 * (q >> 1)), i.e.
@@ -431,7 +437,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
-                for (int j = 0; j < NT; ++j) mma_16816<DT, SM80>(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < NT; ++j)
+                    mma_16816<DT, SM80>(TWO_SETS && kk / 16 % 2 ? acc_odd[i][j] : acc[i][j], af[i], bf[j]);
         }
     };
 
@@ -503,6 +510,15 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             }
             __syncthreads();
         }
+    }
+
+    if constexpr (TWO_SETS) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j].v[e] += acc_odd[i][j].v[e];
     }
 
     // One float4 per fragment. fp16 accumulators get the fp32 sum of the slices rounded once,
