@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.bench_kernels import Case, check
+from experiments.bench_kernels import Case, check, make_call
 from kernels_core import backends as kernel_packages
 from kernels_core.provenance import device_slug, provenance
 from kernels_core.reference import native
@@ -84,10 +84,8 @@ def main(argv=None) -> int:
         calls.append((dict(layout="", K=0, steps=0, backend=t, config="relu 1024"), lambda mod=mod, x=x: mod.relu(x)))
     for layout in args.layouts.split(","):
         for k in ks:
-            a = torch.randn((k, m) if layout[0] == "t" else (m, k), device=device, generator=gen).half()
-            b = torch.randn((n, k) if layout[1] == "t" else (k, n), device=device, generator=gen).half()
-            kw = dict(trans_a=layout[0] == "t", trans_b=layout[1] == "t")
             case = Case("ksweep", "matmul", "fp16", (m, n, k), layout)
+            (a, b), kw, _, _ = make_call(case, gen, device)
             takes = [("torch", native.matmul, {}, "cuBLAS", 1)]
             for cfg in configs:
                 common = {"GROUP_M": 1, "SPLIT_K": 1, **cfg}

@@ -387,7 +387,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // chain; the two are added once, after the loop (fp32 accumulators only: ACC16 keeps its one
     // rounding per mma). On the H200 that took 0.5-1.0 µs off 16 x 16 tiles at 32 x 1024 x 1024,
     // 128 blocks at once, and next to nothing at 32 x 128 (experiments/NOTES.md, section 26).
-    constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2 && BK >= 32;
+    constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
     Acc<ACC16> acc[MT][NT], acc_odd[MT][NT];
 #pragma unroll
     for (int i = 0; i < MT; ++i)

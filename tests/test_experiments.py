@@ -237,8 +237,8 @@ def test_graph_profile_summary_of_ops_and_replays():
 
 
 def test_ksweep_splits_each_line_into_its_fixed_and_per_step_parts(rng):
-    """Noisy rounds about two known lines (one per twin) come back as those lines, each from the
-    median of its own rounds; a config is fitted apart from the others at the same K."""
+    """Noisy rounds about two known lines (one per twin, same config and K) come back as those
+    lines, each from the median of its own rounds and apart from the other twin's."""
     lines = {("nn", "cuda", "16x16x64 w2 s4"): (2.7, 0.09), ("nn", "triton", "16x16x64 w2 s4"): (2.1, 0.07)}
     rows = []
     for (layout, backend, config), (fixed, step) in lines.items():
