@@ -161,18 +161,45 @@ def test_ctrl_c_during_setup_is_one_line(tmp_path, monkeypatch, capsys):
     assert code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def test_ctrl_c_between_segments_names_the_steps_written(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the test-set accuracy after the second segment (rows for steps 1-6 written) is
+    reported as the step loop's is: the CSV and the steps it holds, not a bare "interrupted"."""
+    calls = []
+
+    def accuracy(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return 0.5
+
+    monkeypatch.setattr(train_module, "accuracy", accuracy)
+    code = main(["--steps", "30", "--eval-every", "3", "--hidden", "16", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    run_csv = next((tmp_path / "runs").glob("*.csv"))
+    assert code == 130 and err.startswith("interrupted at step 6; ") and err.strip().endswith(str(run_csv)), err
+    assert pd.read_csv(run_csv)["step"].tolist() == list(range(1, 7))
+
+
 def test_sigint_to_a_running_trainer(tmp_path, interruptible):
+    """Ctrl-C once steps are in the CSV, wherever it lands (in a step loop or between segments: rows
+    written every 50 steps, the test-set accuracy), names the CSV and its step count. A fixed sleep
+    after the CSV appeared once let the signal land before the first step on a loaded machine."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.run", "--steps", "1000000", "--hidden", "64", "--out", str(tmp_path)],
+        [sys.executable, "-m", "trainer.run", "--steps", "1000000", "--hidden", "64", "--eval-every", "50",
+         "--out", str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=interruptible,
     )
     try:
         deadline = time.monotonic() + 120
-        while not list((tmp_path / "runs").glob("*.csv")):  # made just before the first step
+
+        def rows() -> int:
+            found = list((tmp_path / "runs").glob("*.csv"))
+            return len(found[0].read_text().splitlines()) - 1 if found else -1
+
+        while rows() < 1:  # the first segment's steps written: well into the step loop
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        time.sleep(1.0)  # well into the step loop (a step here takes well under 10 ms)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

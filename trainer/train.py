@@ -209,51 +209,59 @@ def train(config: Config) -> Summary:
                                    f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
             return losses, times
 
-        epoch = 0
-        while step < total:
-            epoch += 1
-            batches.new_epoch()
-            epoch_steps, epoch_losses, epoch_seconds = min(spe, total - step), [], 0.0
-            begin = 0
-            while begin < epoch_steps:
-                end = min(epoch_steps, begin + eval_every - (step % eval_every))
-                _sync(device)
-                t = time.perf_counter()
-                done = begin  # slots whose step has been issued completely
-                first = begin  # the first slot of the timed group in flight
-                try:
-                    for slot in range(begin, end):
-                        if slot == first:
-                            timer.start(first)
-                        stepper()
-                        done = slot + 1
-                        bar.update()
-                        if done - first == StepTimer.GROUP or done == end:
+        # Ctrl-C from here on names the CSV and how many steps it holds, wherever it lands: in a
+        # step loop (whose issued steps are written first), or between them (a segment's rows, the
+        # test-set accuracy, a new epoch). The count is the CSV's own, read back once it is flushed.
+        try:
+            epoch = 0
+            while step < total:
+                epoch += 1
+                batches.new_epoch()
+                epoch_steps, epoch_losses, epoch_seconds = min(spe, total - step), [], 0.0
+                begin = 0
+                while begin < epoch_steps:
+                    end = min(epoch_steps, begin + eval_every - (step % eval_every))
+                    _sync(device)
+                    t = time.perf_counter()
+                    done = begin  # slots whose step has been issued completely
+                    first = begin  # the first slot of the timed group in flight
+                    try:
+                        for slot in range(begin, end):
+                            if slot == first:
+                                timer.start(first)
+                            stepper()
+                            done = slot + 1
+                            bar.update()
+                            if done - first == StepTimer.GROUP or done == end:
+                                timer.stop(first, done - first)
+                                first = done
+                        _sync(device)
+                    except KeyboardInterrupt:
+                        if done > first:  # the group in flight, cut short
                             timer.stop(first, done - first)
-                            first = done
-                    _sync(device)
-                except KeyboardInterrupt:
-                    if done > first:  # the group in flight, cut short
-                        timer.stop(first, done - first)
-                    _sync(device)
-                    record(begin, done)
-                    raise Interrupted(f"interrupted at step {step + done - begin}; "
-                                      f"the steps so far are in {csv_path}") from None
-                seconds = time.perf_counter() - t
-                train_seconds += seconds
-                epoch_seconds += seconds
+                        _sync(device)
+                        record(begin, done)
+                        raise
+                    seconds = time.perf_counter() - t
+                    train_seconds += seconds
+                    epoch_seconds += seconds
 
-                losses, times = record(begin, end)
-                step += end - begin
-                epoch_losses += losses
-                all_times += times
-                last_loss = losses[-1]
-                acc = accuracy(backend.weights(), data.test_x, data.test_y)
-                if to_98 is None and acc >= TARGET_ACCURACY:
-                    to_98 = train_seconds
-                begin = end
-            bar.write(f"epoch {epoch}: train loss {statistics.fmean(epoch_losses):.4f}  "
-                      f"test acc {acc:.2%}  {epoch_seconds:.2f}s")
+                    losses, times = record(begin, end)
+                    step += end - begin
+                    epoch_losses += losses
+                    all_times += times
+                    last_loss = losses[-1]
+                    acc = accuracy(backend.weights(), data.test_x, data.test_y)
+                    if to_98 is None and acc >= TARGET_ACCURACY:
+                        to_98 = train_seconds
+                    begin = end
+                bar.write(f"epoch {epoch}: train loss {statistics.fmean(epoch_losses):.4f}  "
+                          f"test acc {acc:.2%}  {epoch_seconds:.2f}s")
+        except KeyboardInterrupt:
+            f.flush()
+            with open(csv_path) as written:
+                rows = sum(1 for _ in written) - 1  # less the header
+            raise Interrupted(f"interrupted at step {rows}; the steps so far are in {csv_path}") from None
 
     summary = Summary(
         backend=config.backend, hidden=config.hidden, layers=config.layers, batch_size=config.batch_size,
