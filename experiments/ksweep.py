@@ -1,7 +1,7 @@
 """Where a small GEMM's microseconds go: both twins at one config, K swept, cuBLAS alongside.
 
     python -m experiments.ksweep [--mn 32x1024] [--layouts nn,nt] [--ks 64,128,256,512,1024,2048]
-        [--configs '[{"BLOCK_M": 16, ...}, ...]'] [--rounds 3] [--out CSV]
+        [--configs '[{"BLOCK_M": 16, ...}, ...]'] [--twins cuda,triton] [--rounds 3] [--out CSV]
 
 Every case is timed as the benchmark times the trainer's GEMMs (kernels_core.timing.bench_in_graph:
 ten calls replayed as one CUDA graph), once per round, all cases in turn within a round, after a
@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="nn,nt")
     ap.add_argument("--ks", default="64,128,256,512,1024,2048")
     ap.add_argument("--configs", default=None, help="JSON list of configs (tunables both twins share)")
+    ap.add_argument("--twins", default=",".join(TWINS), help="which twins run the configs (cuBLAS always does)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     m, n = (int(v) for v in args.mn.split("x"))
     ks = [int(k) for k in args.ks.split(",")]
     configs = json.loads(args.configs) if args.configs else list(CONFIGS)
-    twins = {t: kernel_packages.load(t) for t in TWINS}
+    twins = {t: kernel_packages.load(t) for t in args.twins.split(",")}
     gen = torch.Generator(device=device).manual_seed(0)
     calls = []  # (row fields, function of no arguments)
     for t, mod in twins.items():
