@@ -53,6 +53,9 @@
 // x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
 #include "common.cuh"
 
+// A compile-time flag passed as a value, for generic lambdas (NVRTC has no <type_traits>).
+template <bool B> struct Flag { static constexpr bool value = B; };
+
 // ---------------------------------------------------------------- PTX wrappers
 
 template <int BYTES>
@@ -226,9 +229,11 @@ struct TcTile {
         // Queues the copies of the k step at k0 into stage s, and moves on to the next k step: the
         // kernel queues every k step once, in order, so the source address is a running pointer
         // (worked out from k0 and the leading dimension, it was a chain of 64-bit multiplies and
-        // adds ahead of each copy: experiments/NOTES.md, section 26). A thread whose chunks all lie
-        // inside X (every thread of an inner tile) copies them whole; at an edge cp.async's src-size
+        // adds ahead of each copy: experiments/NOTES.md, section 26). WHOLE: the caller knows every
+        // chunk of the step lies inside X, and the copies are whole with no test at all. Else a
+        // thread whose chunks all lie inside X copies them whole; at an edge cp.async's src-size
         // zero-fills what lies outside X, and no address outside it is passed to a copy.
+        template <bool WHOLE>
         __device__ __forceinline__ void load(const u16* X, int s, int k0) {
             static_assert(V >= 2 && !GATHER && STRIDED, "2-byte chunks, gathered rows, rows of more chunks than "
                                                         "threads take load_async");
@@ -237,7 +242,7 @@ struct TcTile {
             const u16* from = next;
             next += step;
             constexpr int LAST = PER_THREAD - 1;
-            if (rows > LAST * DR && cols - LAST * DC >= V) {
+            if (WHOLE || (rows > LAST * DR && cols - LAST * DC >= V)) {
 #pragma unroll
                 for (int p = 0; p < PER_THREAD; ++p) {
                     if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
@@ -450,12 +455,13 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         constexpr bool A_ASYNC = !A_ROWS && VA >= 2 && TileA::STRIDED, B_ASYNC = VB >= 2 && TileB::STRIDED;
         typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M);
         typename TileB::template Async<!B_KC> async_b(B, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
-        auto load_stage = [&](int s, int kt) {
+        auto load_stage = [&](int s, int kt, auto whole) {
+            constexpr bool WHOLE = decltype(whole)::value;
             const int k0 = kt * BK;
-            if constexpr (A_ASYNC) async_a.load(A, s, k0);
+            if constexpr (A_ASYNC) async_a.template load<WHOLE>(A, s, k0);
             else if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
             else           TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
-            if constexpr (B_ASYNC) async_b.load(B, s, k0);
+            if constexpr (B_ASYNC) async_b.template load<WHOLE>(B, s, k0);
             else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
             else           TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
         };
@@ -464,7 +470,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // has landed.
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < KT) load_stage(s, s);
+            if (s < KT) load_stage(s, s, Flag<false>());
             cp_async_commit();
         }
         epilogue_reads();
@@ -472,19 +478,29 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // rather than divided out: with a division by 3 in each ldmatrix's address ptxas rebuilt
         // the stage's offset per ldmatrix instead of folding it once.
         int read = 0, write = STAGES - 1;
-        for (int kt = 0; kt < KT; ++kt) {
+        auto step = [&](int kt, auto whole) {
             cp_async_wait<STAGES - 2>();
             // Makes every thread's copies of slice kt visible, and guarantees
             // all warps are done with slice kt - 1, whose stage is refilled next.
             __syncthreads();
             const int next = kt + STAGES - 1;
-            if (next < KT) load_stage(write, next);
+            if (decltype(whole)::value || next < KT) load_stage(write, next, whole);
             cp_async_commit();
             compute(read);
             add_bias(read);
             write = read;
             read = read + 1 == STAGES ? 0 : read + 1;
-        }
+        };
+        // Tiles of up to 64 x 64: the k steps of an inner tile whose refills lie wholly inside K
+        // run a loop of their own, with copies free of edge tests. With the tests behind a branch
+        // in the one loop, a k step of 16 x 16 on 2 warps cost about 0.2 µs at BLOCK_K = 64 where
+        // Triton's, predicated, cost 0.12 (experiments/NOTES.md, section 27). Larger tiles spend
+        // many mmas a step; the second loop only adds code (and, on 64 x 128 with the loss's
+        // epilogue, spills).
+        const int KT_WHOLE = BM * BN <= 64 * 64 && m0 + BM <= M && n0 + BN <= N ? K / BK : 0;
+        int kt = 0;
+        for (; kt + STAGES - 1 < KT_WHOLE; ++kt) step(kt, Flag<true>());
+        for (; kt < KT; ++kt) step(kt, Flag<false>());
     } else {
         typename TileA::Staged sa;
         typename TileB::Staged sb;
