@@ -86,6 +86,9 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return r;
 }
 
+// A compile-time flag passed as a value, for generic lambdas (NVRTC has no <type_traits>).
+template <bool B> struct Flag { static constexpr bool value = B; };
+
 // Block order with GROUP_M row panels: consecutive blocks walk down a panel of
 // GROUP_M tile rows before moving right, so the B tiles they share stay in
 // L2 (same mapping as the Triton matmul tutorial).

@@ -53,9 +53,6 @@
 // x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
 #include "common.cuh"
 
-// A compile-time flag passed as a value, for generic lambdas (NVRTC has no <type_traits>).
-template <bool B> struct Flag { static constexpr bool value = B; };
-
 // ---------------------------------------------------------------- PTX wrappers
 
 template <int BYTES>

@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Session 17's third device call (issue 12): why the CUDA twin's 16 x 16 tiles lose to Triton's at
-# 32 x 1024 x 1024 nn under load (128 blocks; call 2's ksweep: 5.06 µs against 3.96 at 16x16x64 w2
-# s4) when alone (32 x 128) their k steps now cost less than Triton's.
+# Session 17's third device call (issue 12): the GPU tests of this commit's code (call 2's cut one by
+# the shard limit), why the CUDA twin's 16 x 16 tiles lose to Triton's at 32 x 1024 x 1024 nn under
+# load (128 blocks; call 2's ksweep: 5.06 µs against 3.96 at 16x16x64 w2 s4) when alone (32 x 128)
+# their k steps now cost less than Triton's, and a second benchmark of call 2's store.
+#   tests     the CUDA twin's matmul, split-K and fused-path GPU tests, in 14 shards; the rest runs
+#             only if none failed;
 #   src       Nsight Compute, both twins at 16x16x64 w2 s4 (GROUP_M 1) and cuBLAS, 32x1024x1024:nn
 #             and :nt: speed of light, memory tables, stall reasons, per-instruction samples (the
-#             source page as SASS), L2 requests and sectors by operation, shared-memory conflicts.
+#             source page as SASS), L2 requests and sectors by operation, shared-memory conflicts;
+#   bench     the trainer's GEMMs and 4096^3 against cuBLAS on store trainer_shapes_s17_sm_90, every
+#             case twice.
 # Usage: LAB_COMMIT=<code commit> bash scripts/s17_call3.sh [CALL_SECONDS]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-limit=${1:-200}
+limit=${1:-540}
 logs=$(mktemp -d)
 export STEP_LOGS=$logs
+store=experiments/results/trainer_shapes_s17_sm_90
+step tests 230 python3 -m tests.shards --shards 14 --limit 215 --log-dir "$logs/shards" -- -q -m gpu \
+    tests/test_ops.py tests/test_fused.py tests/test_splitk.py tests/test_cuda_host_side.py \
+    -k "cuda and (matmul or splitk or linear or sampled or space or wide or small_work or a_rows or fused) and not bias_add"
+if ! [ -f "$logs/shards/outcomes.csv" ] || grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+    tar czf "$OUT/results.tgz" -C "$logs" .
+    exit 1
+fi
 cat > "$logs/srcprobe.py" <<'PY'
 import torch
 from kernels_core import backends
@@ -46,5 +59,8 @@ step src 120 "$ncu" --clock-control none --profile-from-start off \
     -f -o "$logs/src" python3 "$logs/srcprobe.py"
 step details 30 "$ncu" -i "$logs/src.ncu-rep" --page details
 step srcpage 40 "$ncu" -i "$logs/src.ncu-rep" --page source --print-source sass --csv
+step bench $((limit - SECONDS)) python3 -m experiments.bench_kernels --only trainer,gemm --repeat 2 \
+    --tuned-configs "$store/best.json"
+cp experiments/results/trainer_gemms_h200.csv "$logs/" 2>/dev/null
 tar czf "$OUT/results.tgz" -C "$logs" .
 cat "$OUT/summary.txt"
