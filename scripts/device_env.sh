@@ -30,3 +30,24 @@ ncu_probe() {
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_write.sum \
         python3 -m experiments.ncu_probe "$@"
 }
+
+# gemm_gpu_tests SECONDS SHARDS: the CUDA twin's matmul, split-K and fused-path GPU tests (both
+# kernels, every layout and epilogue, the spaces' samples) in SHARDS processes, each cut at SECONDS
+# less 10; outcomes in ${STEP_LOGS:-$OUT}/shards/outcomes.csv.
+gemm_gpu_tests() {
+    step tests "$1" python3 -m tests.shards --shards "$2" --limit $(($1 - 10)) --log-dir "${STEP_LOGS:-$OUT}/shards" \
+        -- -q -m gpu tests/test_ops.py tests/test_fused.py tests/test_splitk.py tests/test_cuda_host_side.py \
+        -k "cuda and (matmul or splitk or linear or sampled or space or wide or small_work or a_rows or fused) and not bias_add"
+}
+
+# tests_clean [OUTCOMES]: true when gemm_gpu_tests wrote its outcomes and none is one of OUTCOMES
+# (default failed|error). outcomes.csv comes from Python's csv module, its lines end in \r\n: a
+# pattern anchored at "$" without the \r never matched, and the stages behind it ran whatever the
+# tests said (session 17's call 2 went on past an unfinished test).
+tests_clean() {
+    local csv="${STEP_LOGS:-$OUT}/shards/outcomes.csv"
+    [ -f "$csv" ] && ! grep -qE ",(${1:-failed|error})"$'\r'"?\$" "$csv"
+}
+
+# The CUDA twin's fp16 products of issue 12's subset (K >= 784, M·N <= 131072: seed protocol, batch 32).
+FP16_SUBSET=32x1024x1024:nn,32x1024x1024:nt,32x1024x784:nn,32x10x1024:nn,32x10x4096:nn,32x10x8192:nn,32x128x784:nn,32x4096x4096:nn,32x4096x4096:nt,32x4096x784:nn

@@ -17,7 +17,7 @@ export STEP_LOGS=$logs
 step tests 150 python3 -m tests.shards --shards 12 --limit 140 --log-dir "$logs/shards" -- -q -m gpu \
     -k "not triton and not test_relu and not test_bias_add and not test_bias_grad and not test_softmax and not test_elementwise and not test_sgd_update" \
     tests/test_ops.py tests/test_splitk.py tests/test_fused.py tests/test_cuda_host_side.py
-if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+if tests_clean; then
     step code_ab 110 python3 -m experiments.code_ab --old-tree ".ab/$old" --protocol seed --hidden 8192 \
         --tuned-configs experiments/results/seed128_s11_sm_90/best.json --rounds 3
     step seed 120 python3 -m experiments.compare --protocol seed --hidden 8192 --max-autotune-hidden= \

@@ -19,7 +19,7 @@ cp experiments/results/trainer_shapes_s13_sm_90/best.json "$store/sm_90/best.jso
 step tests 170 python3 -m tests.shards --shards 12 --limit 160 --log-dir "$logs/shards" -- -q \
     tests/test_splitk.py "tests/test_fused.py::test_linear_ce_split_k" \
     "tests/test_cuda_host_side.py::test_splitk_configs_across_the_space"
-if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+if tests_clean; then
     tune="python3 -m autotune.search --ops matmul --trials 50 --workers 10 --out $store"
     step tune16c 200 $tune --backends cuda --dtypes fp16 --shapes \
         32x1024x1024:nn,32x1024x1024:nt,32x1024x784:nn,32x10x1024:nn,32x10x4096:nn,32x10x8192:nn,32x128x784:nn,32x4096x4096:nn,32x4096x4096:nt,32x4096x784:nn

@@ -17,7 +17,7 @@ tuned=experiments/results/trainer_shapes_s15_sm_90/best.json
 step tests 120 python3 -m tests.shards --shards 12 --limit 110 --log-dir "$logs/shards" -- -q -m gpu \
     tests/test_splitk.py "tests/test_fused.py::test_linear_ce_split_k" \
     "tests/test_cuda_host_side.py::test_splitk_configs_across_the_space"
-if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+if tests_clean; then
     for h in 4096 128; do
         step "ab$h" 50 python3 -m experiments.code_ab --old-tree .ab/c278b32 --protocol default --hidden "$h" \
             --tuned-configs "$tuned" --rounds 3

@@ -19,17 +19,14 @@ old=experiments/results/trainer_shapes_s15_sm_90/best.json
 store=experiments/runs/s16
 mkdir -p "$store/sm_90"
 cp "$old" "$store/sm_90/best.json"
-step tests 190 python3 -m tests.shards --shards 12 --limit 180 --log-dir "$logs/shards" -- -q -m gpu \
-    tests/test_ops.py tests/test_fused.py tests/test_splitk.py tests/test_cuda_host_side.py \
-    -k "cuda and (matmul or splitk or linear or sampled or space or wide or small_work or a_rows or fused) and not bias_add"
-if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+gemm_gpu_tests 190 12
+if tests_clean; then
     for h in 1024 4096; do
         step "ab$h" 45 python3 -m experiments.code_ab --old-tree .ab/5ce072a --protocol seed --hidden "$h" \
             --tuned-configs "$old" --rounds 3
     done
     step tune16c 120 python3 -m autotune.search --ops matmul --trials 50 --workers 10 --out "$store" \
-        --backends cuda --dtypes fp16 --shapes \
-        32x1024x1024:nn,32x1024x1024:nt,32x1024x784:nn,32x10x1024:nn,32x10x4096:nn,32x10x8192:nn,32x128x784:nn,32x4096x4096:nn,32x4096x4096:nt,32x4096x784:nn
+        --backends cuda --dtypes fp16 --shapes "$FP16_SUBSET"
     step bench $((limit - SECONDS)) python3 -m experiments.bench_kernels --only trainer,gemm --repeat 2 \
         --tuned-configs "$store/sm_90/best.json"
 fi

@@ -21,10 +21,8 @@ root=$PWD
 store=experiments/runs/s17b
 mkdir -p "$store/sm_90"
 cp experiments/results/trainer_shapes_s16_sm_90/best.json "$store/sm_90/best.json"
-step tests 200 python3 -m tests.shards --shards 14 --limit 180 --log-dir "$logs/shards" -- -q -m gpu \
-    tests/test_ops.py tests/test_fused.py tests/test_splitk.py tests/test_cuda_host_side.py \
-    -k "cuda and (matmul or splitk or linear or sampled or space or wide or small_work or a_rows or fused) and not bias_add"
-if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error|unfinished)$" "$logs/shards/outcomes.csv"; then
+gemm_gpu_tests 190 14
+if tests_clean 'failed|error|unfinished'; then
     c64='{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 2'
     c128='{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 2'
     two="[$c64, \"num_stages\": 4}, $c128, \"num_stages\": 4}]"
@@ -36,8 +34,7 @@ if [ -f "$logs/shards/outcomes.csv" ] && ! grep -qE ",(failed|error|unfinished)$
             --layouts nn --configs "$two" --ks 256,512,1024,2048 --out "$logs/ks128_$v.csv"
     done
     step tune16c 110 python3 -m autotune.search --ops matmul --trials 50 --workers 10 --out "$store" \
-        --backends cuda --dtypes fp16 --shapes \
-        32x1024x1024:nn,32x1024x1024:nt,32x1024x784:nn,32x10x1024:nn,32x10x4096:nn,32x10x8192:nn,32x128x784:nn,32x4096x4096:nn,32x4096x4096:nt,32x4096x784:nn
+        --backends cuda --dtypes fp16 --shapes "$FP16_SUBSET"
     step bench $((limit - SECONDS)) python3 -m experiments.bench_kernels --only trainer,gemm --repeat 2 \
         --tuned-configs "$store/sm_90/best.json"
 fi

@@ -17,10 +17,8 @@ limit=${1:-540}
 logs=$(mktemp -d)
 export STEP_LOGS=$logs
 store=experiments/results/trainer_shapes_s17_sm_90
-step tests 230 python3 -m tests.shards --shards 14 --limit 215 --log-dir "$logs/shards" -- -q -m gpu \
-    tests/test_ops.py tests/test_fused.py tests/test_splitk.py tests/test_cuda_host_side.py \
-    -k "cuda and (matmul or splitk or linear or sampled or space or wide or small_work or a_rows or fused) and not bias_add"
-if ! [ -f "$logs/shards/outcomes.csv" ] || grep -qE ",(failed|error)$" "$logs/shards/outcomes.csv"; then
+gemm_gpu_tests 225 14
+if ! tests_clean; then
     tar czf "$OUT/results.tgz" -C "$logs" .
     exit 1
 fi
