@@ -105,9 +105,9 @@ SIMT_SPACE = Space(
 # sm_75 space without that rule spilled in 131 of 316 configs, in 2 of the
 # 156 it keeps (8 bytes each). Hence 8 warps by default there: 64 x 64 warp
 # tiles spill.
-# Its smem expression is the larger of the two shared layouts (k-contiguous
-# or not) of each operand: the tuner prunes by it and the launch asks for it,
-# whatever the call's layout (the kernel carves its ring from the front).
+# Its smem expression is the operand ring, the same size in every layout (rows
+# unpadded, matmul_tc.cu's TcTile): the tuner prunes by it and the launch asks
+# for it.
 #
 # WGMMA = 1: wgmma + TMA with a producer warpgroup (matmul_wgmma.cu), sm_90 only (built for
 # sm_90a). num_warps counts the consumer (math) warps as for mma.sync: 4 or 8, one or two
@@ -166,8 +166,7 @@ TC_SPACE = Space(
     threads="32 * num_warps + 128 * WGMMA",
     smem_bytes=(
         "num_stages * ((BLOCK_M + BLOCK_N) * BLOCK_K * elt + 16) + 1024 if WGMMA else"
-        " num_stages * (max(BLOCK_M * (BLOCK_K + 8), BLOCK_K * (BLOCK_M + 8))"
-        " + max(BLOCK_N * (BLOCK_K + 8), BLOCK_K * (BLOCK_N + 8))) * elt"
+        " num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * elt"
     ),
     notes="fp16/bf16 mma.sync with WGMMA=0: 16-byte cp.async, lowered by the host for misaligned operands, SPLIT_K > 1 "
           "sums slices in fp32; on sm_90 wgmma + TMA with WGMMA=1: operands with 16-byte aligned rows",

@@ -33,9 +33,10 @@
 // Shared tiles keep the operand's contiguous dimension contiguous (no
 // transposing copies): A is [BM][BK] if k is A's contiguous dim, else
 // [BK][BM]; B is [BN][BK] or [BK][BN]. ldmatrix reads the first layout and
-// ldmatrix.trans the second, both giving the same mma fragments. Every shared
-// row is padded by 8 halves (16 bytes), so the 8 row addresses of an ldmatrix
-// phase land in 8 distinct 16-byte bank groups.
+// ldmatrix.trans the second, both giving the same mma fragments. Shared rows
+// are unpadded and their 16-byte units swizzled (TcTile::at), so that the 8
+// row addresses of an ldmatrix phase land in 8 distinct 16-byte bank groups
+// and every 32-byte sector a copy reads lands whole in one aligned 32 bytes.
 //
 // Global loads move VA (VB) halves per copy along the contiguous dimension
 // (8 = 16 bytes); the host lowers them when pointer or leading dimension
@@ -159,15 +160,28 @@ __device__ __forceinline__ void acc_set(Acc<1>& c, int i, float x) {
 
 // A ROWS x COLS tile of a matrix whose COLS dimension is contiguous:
 // element (r, c) of the tile is X[(r0 + r) * ld + c0 + c], valid for
-// r0 + r < R and c0 + c < CN, zero outside. Shared copy: [ROWS][COLS + 8].
+// r0 + r < R and c0 + c < CN, zero outside. Shared copy: [ROWS][COLS], element (r, c) at at(r, c).
 // GATHER: X's rows are read through the index vector `rows` of X's
 // `stored` rows: row r0 + r is X + rows[r0 + r] * ld, a row of zeros where
 // common.cuh's gathered_row says so.
 template <int ROWS, int COLS, int V, int T, int GATHER = 0>
 struct TcTile {
-    static constexpr int LD_S = COLS + 8;
+    static_assert(COLS % 16 == 0, "rows of whole 32-byte sectors");
+    static constexpr int LD_S = COLS;          // halves per shared row
     static constexpr int STAGE = ROWS * LD_S;  // halves per pipeline stage
     static constexpr int CHUNKS = ROWS * COLS / V;
+
+    // The shared layout. Unit u (16 bytes, 8 halves) of row r sits at unit u ^ swz(r) of that row:
+    // swz takes each of 8 consecutive rows (the rows of an ldmatrix phase, 8-aligned) to its own
+    // 16-byte slot of the 128-byte bank lines (rows of 32, 64 bytes share a line: 4, 2 to one),
+    // and, an XOR on whole units that keeps units 2i and 2i + 1 a pair, leaves each 32-byte sector
+    // of a row whole and aligned. Rows padded by 8 halves, as before, did the first but left every
+    // odd row's sectors straddling two: on the H200 Nsight Compute counted 24 L2 sectors per copy
+    // instruction where 16 were needed, and 2.5-6 times the ideal shared wavefronts, at 16 x 16 on
+    // 2 warps, 32 x 1024 x 1024 (experiments/NOTES.md, section 28). swz(r + 8i) = swz(r).
+    static constexpr int UNITS = COLS / 8, LINE_ROWS = UNITS >= 8 ? 1 : 8 / UNITS, SWZ = UNITS >= 8 ? 8 : UNITS;
+    static __device__ __forceinline__ int swz(int r) { return r / LINE_ROWS % SWZ; }
+    static __device__ __forceinline__ int at(int r, int c) { return r * COLS + (((c / 8) ^ swz(r)) * 8 + c % 8); }
     static constexpr int PER_THREAD = (CHUNKS + T - 1) / T;
     typedef Pack<u16, V> P;
 
@@ -176,7 +190,7 @@ struct TcTile {
                                                 const i64* rows, i64 stored, const u16*& src, int& s_off) {
         const int r = c / (COLS / V), col = (c % (COLS / V)) * V;
         const int gr = r0 + r, gc = c0 + col;
-        s_off = r * LD_S + col;
+        s_off = at(r, col);
         const int left = CN - gc;
         if constexpr (GATHER) {
             const i64 row = gathered_row(rows, gr, R, stored);
@@ -204,6 +218,10 @@ struct TcTile {
     static constexpr int CPR = COLS / V;
     static constexpr int DR = T >= CPR ? T / CPR : 0, DC = T >= CPR ? 0 : T * V;
     static constexpr bool STRIDED = T >= CPR || PER_THREAD * T <= CPR;  // Async's chunk map holds
+    // Chunk p's shared address is chunk p % NDST's plus (p / NDST) * 8 rows (or p * DC columns, DC
+    // a multiple of 8 units: the swizzle leaves both offsets alone); NDST = 8 / DR when chunks DR
+    // < 8 rows apart fall under different swizzles.
+    static constexpr int NDST = DR > 0 && DR < 8 ? 8 / DR : 1;
 
     template <int K_ROWS>
     struct Async {
@@ -211,7 +229,7 @@ struct TcTile {
         i64 step, dp;     // elements from one k step to the next; from a thread's chunk to its next
         int rows_left;    // the tile's rows from chunk 0's on that lie inside X, at k0 = 0
         int cols_left;    // its columns from chunk 0's on inside X, at k0 = 0
-        u32 dst;          // chunk 0's shared address in stage 0
+        u32 dst[NDST];    // chunks 0 .. NDST - 1's shared addresses in stage 0
 
         __device__ __forceinline__ Async(const u16* X, u16* Xs, i64 ld, int origin, int R, int CN) {
             const int r = threadIdx.x / CPR, col = (threadIdx.x % CPR) * V;
@@ -220,7 +238,13 @@ struct TcTile {
             dp = DR * ld + DC;
             rows_left = R - r - (K_ROWS ? 0 : origin);
             cols_left = CN - col - (K_ROWS ? origin : 0);
-            dst = smem_addr(Xs + r * LD_S + col);
+#pragma unroll
+            for (int d = 0; d < NDST; ++d) dst[d] = smem_addr(Xs + at(r + d * DR, col));
+        }
+
+        // Chunk p's shared address in stage s.
+        __device__ __forceinline__ u32 to(int s, int p) const {
+            return dst[p % NDST] + 2 * (s * STAGE + p / NDST * (NDST * DR * COLS + DC));
         }
 
         // Queues the copies of the k step at k0 into stage s, and moves on to the next k step: the
@@ -235,7 +259,6 @@ struct TcTile {
             static_assert(V >= 2 && !GATHER && STRIDED, "2-byte chunks, gathered rows, rows of more chunks than "
                                                         "threads take load_async");
             const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
-            const u32 to = dst + 2 * s * STAGE;
             const u16* from = next;
             next += step;
             constexpr int LAST = PER_THREAD - 1;
@@ -243,7 +266,7 @@ struct TcTile {
 #pragma unroll
                 for (int p = 0; p < PER_THREAD; ++p) {
                     if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
-                    cp_async_whole<2 * V>(to + 2 * p * (DR * LD_S + DC), from + p * dp);
+                    cp_async_whole<2 * V>(to(s, p), from + p * dp);
                 }
                 return;
             }
@@ -253,7 +276,7 @@ struct TcTile {
                 const int left = cols - p * DC;
                 const int n_ok = p * DR < rows ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
                 const u16* src = n_ok > 0 ? from + p * dp : X;
-                cp_async<2 * V>(to + 2 * p * (DR * LD_S + DC), src, 2 * n_ok);
+                cp_async<2 * V>(to(s, p), src, 2 * n_ok);
             }
         }
     };
@@ -304,7 +327,7 @@ struct TcTile {
                 const int c = threadIdx.x + p * T;
                 if (CHUNKS % T != 0 && c >= CHUNKS) break;
                 const int row = c / (COLS / V), col = (c % (COLS / V)) * V;
-                *reinterpret_cast<P*>(Xs + row * LD_S + col) = r[p];
+                *reinterpret_cast<P*>(Xs + at(row, col)) = r[p];
             }
         }
     };
@@ -379,7 +402,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         if (!reads.bias_step) return;
         const u16* bs = Bs + s * TileB::STAGE;
         reads.bias_grad.template add<BK>([&](int k, int c) {
-            return E::load(B_KC ? bs[c * TileB::LD_S + k] : bs[k * TileB::LD_S + c]);
+            return E::load(B_KC ? bs[TileB::at(c, k)] : bs[TileB::at(k, c)]);
         });
     };
 
@@ -402,17 +425,23 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // matrix l / 8; matrix q of A is (m + 8 * (q & 1), k + 8 * (q >> 1)), i.e.
     // fragments a0..a3; matrix q of B is (n + 8 * (q >> 1), k + 8 * (q & 1)),
     // i.e. b0, b1 of n-tile 2j and b0, b1 of n-tile 2j + 1.
-    // Each lane's row address in stage 0 at i = j = kk = 0 is worked out once, in the shared
-    // space: the loop adds the stage's offset and compile-time ones, which ldmatrix takes as
-    // immediates. Formed from a generic pointer at every ldmatrix (smem_addr's cvta is opaque to
-    // the compiler), each address cost about six 64-bit instructions ahead of its ldmatrix, in
-    // the chain every k step of a one- or two-warp block waits on (experiments/NOTES.md, section 26).
+    // Each lane's row r in stage 0 and the swizzled unit u ^ swz(r) of its row it reads at i = j =
+    // kk = 0 are worked out once, in the shared space: an ldmatrix adds the stage's offset, its
+    // rows' (dr, a multiple of 8: the same swizzle) and its units' (du, whose bits are clear in u,
+    // so that (u + du) ^ swz(r) = (u ^ swz(r)) ^ du). Formed from a generic pointer at every ldmatrix
+    // (smem_addr's cvta is opaque to the compiler), each address cost about six 64-bit instructions
+    // ahead of its ldmatrix, in the chain every k step of a one- or two-warp block waits on
+    // (experiments/NOTES.md, section 26).
     const int q = lane / 8, qr = lane % 8;
-    const u32 a_lane = smem_addr(As) + 2 * (A_KC ? (wm * WM + (q & 1) * 8 + qr) * TileA::LD_S + (q >> 1) * 8
-                                                 : ((q >> 1) * 8 + qr) * TileA::LD_S + wm * WM + (q & 1) * 8);
+    const int a_r = A_KC ? wm * WM + (q & 1) * 8 + qr : (q >> 1) * 8 + qr;
+    const int a_u = A_KC ? q >> 1 : (wm * WM + (q & 1) * 8) / 8;
     // For B's odd n-tile (ldmatrix x2, NT odd) only lanes 0-15 give addresses, and for them q >> 1 is 0.
-    const u32 b_lane = smem_addr(Bs) + 2 * (B_KC ? (wn * WN + (q >> 1) * 8 + qr) * TileB::LD_S + (q & 1) * 8
-                                                 : ((q & 1) * 8 + qr) * TileB::LD_S + wn * WN + (q >> 1) * 8);
+    const int b_r = B_KC ? wn * WN + (q >> 1) * 8 + qr : (q & 1) * 8 + qr;
+    const int b_u = B_KC ? q & 1 : (wn * WN + (q >> 1) * 8) / 8;
+    const u32 a_lane = smem_addr(As) + 2 * a_r * TileA::LD_S, b_lane = smem_addr(Bs) + 2 * b_r * TileB::LD_S;
+    const int a_x = a_u ^ TileA::swz(a_r), b_x = b_u ^ TileB::swz(b_r);
+    auto a_at = [&](u32 as, int dr, int du) { return as + 2 * dr * TileA::LD_S + 16 * (a_x ^ du); };
+    auto b_at = [&](u32 bs, int dr, int du) { return bs + 2 * dr * TileB::LD_S + 16 * (b_x ^ du); };
     auto compute = [&](int s) {
         const u32 as = a_lane + 2 * s * TileA::STAGE, bs = b_lane + 2 * s * TileB::STAGE;
 #pragma unroll
@@ -420,22 +449,22 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             u32 af[MT][4], bf[NT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                if (A_KC) ldmatrix_x4<0>(af[i], as + 2 * (i * 16 * TileA::LD_S + kk));
-                else      ldmatrix_x4<1>(af[i], as + 2 * (kk * TileA::LD_S + i * 16));
+                if (A_KC) ldmatrix_x4<0>(af[i], a_at(as, i * 16, kk / 8));
+                else      ldmatrix_x4<1>(af[i], a_at(as, kk, 2 * i));
             }
 #pragma unroll
             for (int j = 0; j < NT / 2; ++j) {
                 u32 r[4];
-                if (B_KC) ldmatrix_x4<0>(r, bs + 2 * (j * 16 * TileB::LD_S + kk));
-                else      ldmatrix_x4<1>(r, bs + 2 * (kk * TileB::LD_S + j * 16));
+                if (B_KC) ldmatrix_x4<0>(r, b_at(bs, j * 16, kk / 8));
+                else      ldmatrix_x4<1>(r, b_at(bs, kk, 2 * j));
                 bf[2 * j][0] = r[0];
                 bf[2 * j][1] = r[1];
                 bf[2 * j + 1][0] = r[2];
                 bf[2 * j + 1][1] = r[3];
             }
             if constexpr (NT % 2) {  // a 16 x 8 warp tile's one n-tile: matrix q < 2 of B is (n, k + 8 * q)
-                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], bs + 2 * ((NT - 1) * 8 * TileB::LD_S + kk));
-                else      ldmatrix_x2<1>(bf[NT - 1], bs + 2 * (kk * TileB::LD_S + (NT - 1) * 8));
+                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], b_at(bs, (NT - 1) * 8, kk / 8));
+                else      ldmatrix_x2<1>(bf[NT - 1], b_at(bs, kk, NT - 1));
             }
 #pragma unroll
             for (int i = 0; i < MT; ++i)
@@ -471,11 +500,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             cp_async_commit();
         }
         epilogue_reads();
-        // The stages of slices kt and kt + STAGES - 1 (kt % STAGES and (kt - 1) % STAGES), counted
-        // rather than divided out: with a division by 3 in each ldmatrix's address ptxas rebuilt
-        // the stage's offset per ldmatrix instead of folding it once.
-        int read = 0, write = STAGES - 1;
-        auto step = [&](int kt, auto whole) {
+        // Step kt reads stage kt % STAGES and refills stage (kt - 1) % STAGES with slice kt + STAGES - 1.
+        auto step = [&](int kt, auto whole, int read, int write) {
             cp_async_wait<STAGES - 2>();
             // Makes every thread's copies of slice kt visible, and guarantees
             // all warps are done with slice kt - 1, whose stage is refilled next.
@@ -485,19 +511,36 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             cp_async_commit();
             compute(read);
             add_bias(read);
-            write = read;
-            read = read + 1 == STAGES ? 0 : read + 1;
         };
         // Tiles of up to 64 x 64: the k steps of an inner tile whose refills lie wholly inside K
         // run a loop of their own, with copies free of edge tests. With the tests behind a branch
         // in the one loop, a k step of 16 x 16 on 2 warps cost about 0.2 µs at BLOCK_K = 64 where
         // Triton's, predicated, cost 0.12 (experiments/NOTES.md, section 27). Larger tiles spend
         // many mmas a step; the second loop only adds code (and, on 64 x 128 with the loss's
-        // epilogue, spills).
+        // epilogue, spills). Unless A's rows are gathered it runs STAGES steps a turn, so that every
+        // step's stages, and with them its shared addresses, are known at compile time (ptxas
+        // unrolled the ring by itself until the swizzle's XORs: section 28); a turn of gathered
+        // copies, each chunk's row looked up, spilled at 16 x 16 x 128 on one warp.
+        constexpr bool TURNS = !A_ROWS;
         const int KT_WHOLE = BM * BN <= 64 * 64 && m0 + BM <= M && n0 + BN <= N ? K / BK : 0;
         int kt = 0;
-        for (; kt + STAGES - 1 < KT_WHOLE; ++kt) step(kt, Flag<true>());
-        for (; kt < KT; ++kt) step(kt, Flag<false>());
+        if constexpr (TURNS) {
+            for (; kt + 2 * STAGES - 2 < KT_WHOLE; kt += STAGES) {
+#pragma unroll
+                for (int u = 0; u < STAGES; ++u) step(kt + u, Flag<true>(), u, (u + STAGES - 1) % STAGES);
+            }
+        }
+        // The stages counted rather than divided out: with a division by 3 in each ldmatrix's
+        // address ptxas rebuilt the stage's offset per ldmatrix instead of folding it once.
+        int read = 0, write = STAGES - 1;  // kt % STAGES == 0 here
+        auto counted = [&](int kt, auto whole) {
+            step(kt, whole, read, write);
+            write = read;
+            read = read + 1 == STAGES ? 0 : read + 1;
+        };
+        if constexpr (!TURNS)
+            for (; kt + STAGES - 1 < KT_WHOLE; ++kt) counted(kt, Flag<true>());
+        for (; kt < KT; ++kt) counted(kt, Flag<false>());
     } else {
         typename TileA::Staged sa;
         typename TileB::Staged sb;
