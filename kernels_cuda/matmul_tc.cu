@@ -230,8 +230,15 @@ struct TcTile {
         int rows_left;    // the tile's rows from chunk 0's on that lie inside X, at k0 = 0
         int cols_left;    // its columns from chunk 0's on inside X, at k0 = 0
         u32 dst[NDST];    // chunks 0 .. NDST - 1's shared addresses in stage 0
+        // GATHER (k along the columns only): each chunk's row is looked up once, here, where
+        // load_async looked it up at every k step (the tuner times the first layer's products so,
+        // and the trainer runs them so). A row of zeros (gathered_row's -1) copies no bytes.
+        static constexpr int NG = GATHER && !K_ROWS ? PER_THREAD : 1;
+        const u16* row_at[NG];  // chunk p's element of X at k0 = 0
+        int row_bytes[NG];      // what a whole copy of it reads: 2V bytes, or 0 for a row of zeros
 
-        __device__ __forceinline__ Async(const u16* X, u16* Xs, i64 ld, int origin, int R, int CN) {
+        __device__ __forceinline__ Async(const u16* X, u16* Xs, i64 ld, int origin, int R, int CN,
+                                         const i64* rows = nullptr, i64 stored = 0) {
             const int r = threadIdx.x / CPR, col = (threadIdx.x % CPR) * V;
             next = X + (K_ROWS ? (i64)r * ld + origin + col : (i64)(origin + r) * ld + col);
             step = K_ROWS ? (i64)ROWS * ld : COLS;
@@ -240,6 +247,14 @@ struct TcTile {
             cols_left = CN - col - (K_ROWS ? origin : 0);
 #pragma unroll
             for (int d = 0; d < NDST; ++d) dst[d] = smem_addr(Xs + at(r + d * DR, col));
+            if constexpr (GATHER && !K_ROWS) {
+#pragma unroll
+                for (int p = 0; p < PER_THREAD; ++p) {
+                    const i64 row = gathered_row(rows, origin + r + p * DR, R, stored);
+                    row_at[p] = row >= 0 ? X + row * ld + col + p * DC : X;
+                    row_bytes[p] = row >= 0 ? 2 * V : 0;
+                }
+            }
         }
 
         // Chunk p's shared address in stage s.
@@ -256,9 +271,19 @@ struct TcTile {
         // zero-fills what lies outside X, and no address outside it is passed to a copy.
         template <bool WHOLE>
         __device__ __forceinline__ void load(const u16* X, int s, int k0) {
-            static_assert(V >= 2 && !GATHER && STRIDED, "2-byte chunks, gathered rows, rows of more chunks than "
-                                                        "threads take load_async");
+            static_assert(V >= 2 && (!GATHER || !K_ROWS) && STRIDED, "2-byte chunks, gathered rows along k, rows "
+                                                                     "of more chunks than threads take load_async");
             const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
+            if constexpr (GATHER) {
+#pragma unroll
+                for (int p = 0; p < PER_THREAD; ++p) {
+                    if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
+                    const int left = cols - p * DC;
+                    const int n_bytes = WHOLE ? row_bytes[p] : row_bytes[p] && left > 0 ? 2 * (left < V ? left : V) : 0;
+                    cp_async<2 * V>(to(s, p), n_bytes ? row_at[p] + k0 : X, n_bytes);
+                }
+                return;
+            }
             const u16* from = next;
             next += step;
             constexpr int LAST = PER_THREAD - 1;
@@ -478,8 +503,11 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     if constexpr (SM80) {
         // Queues copies of k-slice kt of both operands into stage s.
         // TcTile::Async's cases; the rest take load_async.
-        constexpr bool A_ASYNC = !A_ROWS && VA >= 2 && TileA::STRIDED, B_ASYNC = VB >= 2 && TileB::STRIDED;
-        typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M);
+        // Gathered rows: a pointer per chunk, in registers for the whole loop; past 4 chunks a
+        // thread (wide tiles on few warps) ptxas spilled.
+        constexpr bool A_ASYNC = (!A_ROWS || (A_KC && TileA::PER_THREAD <= 4)) && VA >= 2 && TileA::STRIDED;
+        constexpr bool B_ASYNC = VB >= 2 && TileB::STRIDED;
+        typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M, a_rows, rows_of_a);
         typename TileB::template Async<!B_KC> async_b(B, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
         auto load_stage = [&](int s, int kt, auto whole) {
             constexpr bool WHOLE = decltype(whole)::value;
@@ -517,11 +545,12 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // in the one loop, a k step of 16 x 16 on 2 warps cost about 0.2 µs at BLOCK_K = 64 where
         // Triton's, predicated, cost 0.12 (experiments/NOTES.md, section 27). Larger tiles spend
         // many mmas a step; the second loop only adds code (and, on 64 x 128 with the loss's
-        // epilogue, spills). Unless A's rows are gathered it runs STAGES steps a turn, so that every
-        // step's stages, and with them its shared addresses, are known at compile time (ptxas
-        // unrolled the ring by itself until the swizzle's XORs: section 28); a turn of gathered
-        // copies, each chunk's row looked up, spilled at 16 x 16 x 128 on one warp.
-        constexpr bool TURNS = !A_ROWS;
+        // epilogue, spills). It runs STAGES steps a turn, so that every step's stages, and with
+        // them its shared addresses, are known at compile time (ptxas unrolled the ring by itself
+        // until the swizzle's XORs: section 28), unless A's gathered rows go through load_async:
+        // a turn of those, each chunk's row looked up at every step, spilled at 16 x 16 x 128 on
+        // one warp.
+        constexpr bool TURNS = !A_ROWS || A_ASYNC;
         const int KT_WHOLE = BM * BN <= 64 * 64 && m0 + BM <= M && n0 + BN <= N ? K / BK : 0;
         int kt = 0;
         if constexpr (TURNS) {

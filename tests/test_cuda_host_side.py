@@ -674,6 +674,32 @@ def test_a_rows_with_splitk(rng, dtype, trans_a):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_rows_in_whole_k_steps(rng, dtype):
+    """Gathered rows along M (the trainer's first layer) in the small tiles' loop of whole k steps,
+    where each thread's chunk rows are looked up once (matmul_tc.cu, TcTile::Async): 80 x 48
+    outputs, so most tiles lie inside M and N, and K = 784, twelve whole steps of 64 and a ragged
+    one; indices outside the stored rows fall inside tiles (rows of zeros in whole steps). Configs
+    of at most 64 x 64 outputs without split-K, against float64 within matmul's tolerance."""
+    import random
+
+    from kernels_core.reference import exact
+    from tests.test_ops import assert_rel, matmul_tol, randn
+
+    elt = DTYPES[dtype].itemsize
+    m, n, k, stored = 80, 48, 784, 300
+    data, b = randn(rng, (stored, k), dtype, "cuda"), randn(rng, (k, n), dtype, "cuda")
+    rows = torch.randint(0, stored, (m,), generator=rng)
+    rows[[5, 21, 42]] = torch.tensor([-1, stored, 2**40])
+    rows = rows.cuda()
+    sp = kc.space("matmul", dtype)
+    small = _fitting(sp, elt, lambda c: c["SPLIT_K"] == 1 and c["BLOCK_M"] * c["BLOCK_N"] <= 4096 and not c.get("WGMMA"))
+    for cfg in random.Random(f"whole-rows-{dtype}").sample(small, 8):
+        out = kc.matmul(data, b, a_rows=rows, config=cfg)
+        assert_rel(out, exact.matmul(data, b, a_rows=rows), matmul_tol(dtype, k), str(cfg))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n_out", (33, 64))
 @pytest.mark.parametrize("layout", ("contiguous", "offset1"))
 def test_linear_sgd_weights_are_sgd_updates_bits(rng, n_out, layout):
