@@ -1,7 +1,7 @@
 """Where a small GEMM's microseconds go: both twins at one config, K swept, cuBLAS alongside.
 
     python -m experiments.ksweep [--mn 32x1024] [--layouts nn,nt] [--ks 64,128,256,512,1024,2048]
-        [--configs '[{"BLOCK_M": 16, ...}, ...]'] [--twins cuda,triton] [--rounds 3] [--out CSV]
+        [--configs '[{"BLOCK_M": 16, ...}, ...]'] [--twins cuda,triton] [--dtype fp16] [--rounds 3] [--out CSV]
 
 Every case is timed as the benchmark times the trainer's GEMMs (kernels_core.timing.bench_in_graph:
 ten calls replayed as one CUDA graph), once per round, all cases in turn within a round, after a
@@ -44,7 +44,8 @@ TWINS = ("cuda", "triton")
 
 
 def label(cfg: dict) -> str:
-    return f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    threads = f"w{cfg['num_warps']}" if "num_warps" in cfg else f"t{cfg['THREAD_M']}x{cfg['THREAD_N']}"
+    return f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} {threads} s{cfg['num_stages']}"
 
 
 def fit(times: pd.DataFrame) -> pd.DataFrame:
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="64,128,256,512,1024,2048")
     ap.add_argument("--configs", default=None, help="JSON list of configs (tunables both twins share)")
     ap.add_argument("--twins", default=",".join(TWINS), help="which twins run the configs (cuBLAS always does)")
+    ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"),
+                    help="fp32 runs the CUDA twin's SIMT kernel (configs with THREAD_M, THREAD_N)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -85,13 +88,13 @@ def main(argv=None) -> int:
         calls.append((dict(layout="", K=0, steps=0, backend=t, config="relu 1024"), lambda mod=mod, x=x: mod.relu(x)))
     for layout in args.layouts.split(","):
         for k in ks:
-            case = Case("ksweep", "matmul", "fp16", (m, n, k), layout)
+            case = Case("ksweep", "matmul", args.dtype, (m, n, k), layout)
             (a, b), kw, _, _ = make_call(case, gen, device)
             takes = [("torch", native.matmul, {}, "cuBLAS", 1)]
             for cfg in configs:
                 common = {"GROUP_M": 1, "SPLIT_K": 1, **cfg}
                 for t, mod in twins.items():
-                    run = {**common, "WGMMA": 0} if t == "cuda" else common
+                    run = {**common, "WGMMA": 0} if t == "cuda" and args.dtype != "fp32" else common
                     takes.append((t, mod.matmul, {"config": run}, label(cfg), cfg["BLOCK_K"]))
             for backend, fn, extra, name, bk in takes:
                 problem = check(case, fn(a, b, **kw, **extra), (a, b), kw)
@@ -103,7 +106,7 @@ def main(argv=None) -> int:
     rows = []
     for r in range(args.rounds):
         for fields, call in calls:
-            rows.append({**fields, "M": m, "N": n, "round": r, "us": bench_in_graph(call).median_ms * 1e3, **prov})
+            rows.append({**fields, "M": m, "N": n, "dtype": args.dtype, "round": r, "us": bench_in_graph(call).median_ms * 1e3, **prov})
         print(f"round {r + 1}/{args.rounds}: {len(calls)} cases", file=sys.stderr, flush=True)
     times = pd.DataFrame(rows)
     out = args.out or RESULTS / f"ksweep_{device_slug()}.csv"

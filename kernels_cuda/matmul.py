@@ -20,11 +20,11 @@ from . import _tma
 
 # Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
-# space to a few thousand configs (sm_90: tensor cores 1734, SIMT 3346) and dense enough
+# space to a few thousand configs (sm_90: tensor cores 1734, SIMT 8422) and dense enough
 # that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
 # default sampler proposes valid configs only): GROUP_M = 8 (a grid of few tiles
 # runs at once, the order of its blocks hardly matters), on the SIMT kernel
-# num_stages = 2 (the prefetching loop), on the tensor-core kernel tiles up
+# num_stages >= 2 (a prefetching loop), on the tensor-core kernel tiles up
 # to 128 x 128 (an output that needs split-K is cut into smaller tiles first).
 # 32 and 64 slices only for tiles of at most 512 outputs: the logits' products
 # (32 x 10 or 128 x 10 over K = 1024..8192) have 1 to 8 such tiles, which 16
@@ -53,6 +53,12 @@ SPLIT_WIDE = "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512  # 32 or 64 slices: tile
 # (NOTES, section 21). They are valid wherever the warp rules allow, not on small tiles only: the
 # tuner suggests each tunable on its own, and a value valid in a corner of the grid is one it
 # seldom draws (confined to tiles of 512 outputs, 2 x 2 was measured in 1 of 12 studies).
+# num_stages: 1 reloads one buffer, 2 prefetches the next tile through registers, 3 and 4 keep
+# that many tiles in a cp.async ring (sm_80 on), the next STAGES - 1 in flight: the trainer's fp32
+# products at K = 784..1024 are a few hundred blocks of 7-13 short k steps each, bound by the
+# latency of their L2 reads, which Triton's winners there hide 3-4 tiles deep (NOTES, section 29).
+# The register rule below is kept for the ring too (whose copies hold no registers), so that
+# every pipeline runs the same tiles.
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
 SIMT_SPACE = Space(
     params={
@@ -61,7 +67,7 @@ SIMT_SPACE = Space(
         "BLOCK_K": (8, 16, 32, 64, 128),
         "THREAD_M": (2, 4, 8),
         "THREAD_N": (2, 4, 8),
-        "num_stages": (1, 2),
+        "num_stages": (1, 2, 3, 4),
         "GROUP_M": (1, 8),
         "SPLIT_K": (1, 2, 4, 8, 16, 32, 64),
     },
@@ -73,7 +79,8 @@ SIMT_SPACE = Space(
         f"{SIMT_THREADS} % 32 == 0 and {SIMT_THREADS} <= 256  # whole warps, at most 8",
         f"THREAD_M * THREAD_N + BLOCK_K * (BLOCK_M + BLOCK_N) / {SIMT_THREADS} <= 96"
         "  # accumulators + staged copies: at most 96 floats per thread",
-        "SPLIT_K == 1 or (num_stages == 2 and GROUP_M == 8)  # split-K configs fix these (see above)",
+        "SPLIT_K == 1 or (num_stages >= 2 and GROUP_M == 8)  # split-K configs fix these (see above)",
+        "arch >= 80 or num_stages <= 2  # the cp.async ring starts at sm_80",
         SPLIT_WIDE,
         "elt == 4",
     ),

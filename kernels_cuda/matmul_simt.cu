@@ -35,6 +35,13 @@
 // to the other shared buffer afterwards (one barrier per k step); with
 // STAGES == 1 a single buffer is reloaded between two barriers.
 //
+// STAGES 3 and 4 (sm_80 and newer): a ring of shared buffers filled by cp.async, the copies of
+// tile k + STAGES - 1 in flight while tile k is multiplied, as Triton's fp32 winners at the
+// trainer's K = 784..1024 products run (4 stages; the two-buffer loop above has one tile in
+// flight, and its registers hold it). A k-major operand moves its vectors whole, src-size
+// zero-filling the edges; a k-contiguous one is transposed by 4-byte copies. The FMAs, their
+// order and the zeros are the two-buffer loop's, so both give the same bits.
+//
 // SPLIT_K > 1 (outputs of few tiles, e.g. 128 x 10 with K = 1024): the grid
 // is tiles x slices (at most SPLIT_K), each block runs the same loop over its
 // K slice, and the last block of a tile to finish adds the fp32 partials in
@@ -60,25 +67,23 @@ struct SimtTile {
     typedef Pack<float, V> P;
     P r[PER_THREAD];
 
-    // Tile coordinates (d, k) of vector c.
-    static __device__ __forceinline__ void coords(int c, int& d, int& k) {
-        if (KC) {
-            d = c / (BK / V);
-            k = (c % (BK / V)) * V;
-        } else {
-            k = c / (BD / V);
-            d = (c % (BD / V)) * V;
+    // f(p, d, k) for each of this thread's vectors p, at tile coordinates (d, k).
+    template <class F>
+    static __device__ __forceinline__ void each(F f) {
+#pragma unroll
+        for (int p = 0; p < PER_THREAD; ++p) {
+            const int c = threadIdx.x + p * T;
+            if (VECS % T != 0 && c >= VECS) break;
+            if (KC)
+                f(p, c / (BK / V), c % (BK / V) * V);
+            else
+                f(p, c % (BD / V) * V, c / (BD / V));
         }
     }
 
     __device__ __forceinline__ void load(const float* X, i64 ld, int d0, int k0, int D, int K, const i64* rows,
                                         i64 stored) {
-#pragma unroll
-        for (int p = 0; p < PER_THREAD; ++p) {
-            int c = threadIdx.x + p * T;
-            if (VECS % T != 0 && c >= VECS) break;
-            int d, k;
-            coords(c, d, k);
+        each([&](int p, int d, int k) {
             const int gd = d0 + d, gk = k0 + k;
             if constexpr (ROWS) {
                 const i64 row = KC ? gathered_row(rows, gd, D, stored) : gathered_row(rows, gk, K, stored);
@@ -89,7 +94,7 @@ struct SimtTile {
 #pragma unroll
                     for (int j = 0; j < V; ++j) r[p].v[j] = row >= 0 && col + j < cols ? X[row * ld + col + j] : 0.f;
                 }
-                continue;
+                return;
             }
             const bool full = KC ? (gd < D && gk + V <= K) : (gk < K && gd + V <= D);
             if (full) {
@@ -101,23 +106,40 @@ struct SimtTile {
                     r[p].v[j] = in ? (KC ? X[(i64)gd * ld + gk + j] : X[(i64)gk * ld + gd + j]) : 0.f;
                 }
             }
-        }
+        });
+    }
+
+    // The tile straight into shared buffer Xs by cp.async (STAGES >= 3): what load() + store()
+    // put there, zeros included (src-size 0 copies none and fills the rest).
+    __device__ __forceinline__ void issue(float* Xs, const float* X, i64 ld, int d0, int k0, int D, int K,
+                                         const i64* rows, i64 stored) const {
+        each([&](int, int d, int k) {
+            const int gd = d0 + d, gk = k0 + k;
+            if (KC) {  // a stored row of X holds op(X)[gd, :]
+                const i64 row = ROWS ? gathered_row(rows, gd, D, stored) : gd < D ? gd : -1;
+                // One address for the V copies (immediate offsets); src-size 0 reads nothing, as
+                // Triton's masked copies past K do.
+                const float* src = row >= 0 ? X + row * ld + gk : X;
+#pragma unroll
+                for (int j = 0; j < V; ++j)
+                    cp_async<4>(smem_addr(Xs + (k + j) * LD_S + d), src + j, row >= 0 && gk + j < K ? 4 : 0);
+            } else {  // a stored row of X holds op(X)[:, gk]
+                const i64 row = ROWS ? gathered_row(rows, gk, K, stored) : gk < K ? gk : -1;
+                const int n = row < 0 || gd >= D ? 0 : D - gd < V ? D - gd : V;
+                cp_async<4 * V>(smem_addr(Xs + k * LD_S + d), n ? X + row * ld + gd : X, 4 * n);
+            }
+        });
     }
 
     __device__ __forceinline__ void store(float* Xs) const {
-#pragma unroll
-        for (int p = 0; p < PER_THREAD; ++p) {
-            int c = threadIdx.x + p * T;
-            if (VECS % T != 0 && c >= VECS) break;
-            int d, k;
-            coords(c, d, k);
+        each([&](int p, int d, int k) {
             if (KC) {
 #pragma unroll
                 for (int j = 0; j < V; ++j) Xs[(k + j) * LD_S + d] = r[p].v[j];
             } else {
                 *reinterpret_cast<P*>(Xs + k * LD_S + d) = r[p];
             }
-        }
+        });
     }
 };
 
@@ -207,7 +229,30 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
         }
     };
 
-    if (STAGES == 2) {
+    if constexpr (STAGES >= 3) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < KT) {
+                ta.issue(As + s * A_STAGE, A, lda, m0, s * BK, M, K, a_rows, rows_of_a);
+                tb.issue(Bs + s * B_STAGE, B, ldb, n0, s * BK, N, K, nullptr, 0);
+            }
+            cp_async_commit();  // empty groups too: the wait below counts groups
+        }
+        epilogue_reads();
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<STAGES - 2>();  // this thread's copies of tile kt have landed
+            __syncthreads();              // everyone's have; and everyone is done with tile kt - 1
+            const int next = kt + STAGES - 1, cur = kt % STAGES;
+            if (next < KT) {  // into the buffer tile kt - 1 left
+                ta.issue(As + next % STAGES * A_STAGE, A, lda, m0, next * BK, M, K, a_rows, rows_of_a);
+                tb.issue(Bs + next % STAGES * B_STAGE, B, ldb, n0, next * BK, N, K, nullptr, 0);
+            }
+            cp_async_commit();
+            compute(As + cur * A_STAGE, Bs + cur * B_STAGE);
+            add_bias(Bs + cur * B_STAGE);
+        }
+        cp_async_wait<0>();  // only empty groups are left; none may land once the epilogue reuses the ring
+    } else if (STAGES == 2) {
         ta.load(A, lda, m0, 0, M, K, a_rows, rows_of_a);
         tb.load(B, ldb, n0, 0, N, K, nullptr, 0);
         epilogue_reads();

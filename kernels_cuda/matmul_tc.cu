@@ -56,30 +56,6 @@
 
 // ---------------------------------------------------------------- PTX wrappers
 
-template <int BYTES>
-__device__ __forceinline__ void cp_async(u32 dst, const void* src, int src_bytes) {
-    // 16-byte copies bypass L1 (.cg); smaller ones must use .ca.
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes));
-}
-
-// A copy wholly inside the source: no src-size operand, which ptxas lowers into extra
-// address arithmetic per copy even when it is the full size.
-template <int BYTES>
-__device__ __forceinline__ void cp_async_whole(u32 dst, const void* src) {
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // Two 8x8 matrices, rows addressed by lanes 0-15 (the other lanes' addresses are not read).
 template <int TRANS>
 __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr) {

@@ -51,3 +51,6 @@ tests_clean() {
 
 # The CUDA twin's fp16 products of issue 12's subset (K >= 784, M·N <= 131072: seed protocol, batch 32).
 FP16_SUBSET=32x1024x1024:nn,32x1024x1024:nt,32x1024x784:nn,32x10x1024:nn,32x10x4096:nn,32x10x8192:nn,32x128x784:nn,32x4096x4096:nn,32x4096x4096:nt,32x4096x784:nn
+
+# The CUDA twin's fp32 products of issue 12's subset (K >= 784, M·N <= 131072: default protocol, batch 128).
+FP32_SUBSET=128x1024x1024:nn,128x1024x1024:nt,128x1024x784:nn,128x10x1024:nn,128x10x4096:nn,128x128x784:nn

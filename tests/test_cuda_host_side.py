@@ -700,6 +700,68 @@ def test_a_rows_in_whole_k_steps(rng, dtype):
 
 
 @pytest.mark.gpu
+def test_simt_ring_gives_the_two_buffer_loops_bits(rng):
+    """The SIMT kernel's cp.async ring (num_stages 3 and 4, matmul_simt.cu) runs the two-buffer
+    loop's FMAs in the same order on the same zeros, so each of a sample of its configs must give
+    num_stages 2's bits: in all four layouts with bias and ReLU, plain and split-K, ragged in M, N
+    and K, operands read 4, 8 and 16 bytes at a time (K = 101, 330, 1000 and odd N: pick_vec);
+    with gathered rows along M and K (indices outside the stored rows), with relu_grad_of; and in
+    linear_cross_entropy and linear_sgd. Against float64 within matmul's tolerance too, so that
+    two loops wrong the same way fail."""
+    import random
+
+    from kernels_core.reference import exact
+    from tests.test_ops import assert_rel, matmul_operands, matmul_tol, randn
+
+    ring = _fitting(kc.space("matmul", "fp32"), 4, lambda c: c["num_stages"] >= 3)
+    pick = random.Random("simt-ring")
+
+    def same(fn, cfg, **kw):
+        out = fn(config=cfg, **kw)
+        two = fn(config={**cfg, "num_stages": 2}, **kw)
+        for x, y in zip(*((out, two) if isinstance(out, tuple) else ((out,), (two,)))):
+            assert torch.equal(x, y), cfg
+        return out
+
+    for i, cfg in enumerate(pick.sample(ring, 8)):
+        trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
+        m, n, k = 37 + 20 * i, 10 + 13 * i, (101, 330, 1000, 784)[i % 4]
+        a, b = matmul_operands(rng, m, n, k, "fp32", "cuda", trans_a, trans_b)
+        kw = dict(trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), "fp32", "cuda"), activation="relu")
+        out = same(lambda **c: kc.matmul(a, b, **kw, **c), cfg)
+        assert_rel(out, exact.matmul(a, b, **kw), matmul_tol("fp32", k), str(cfg))
+
+    data = randn(rng, (300, 1000), "fp32", "cuda")
+    for trans_a in (False, True):
+        rows = torch.randint(-5, 305, (96 if not trans_a else 300,), generator=rng).cuda()
+        a = data if not trans_a else data[:, :96]
+        b = randn(rng, (1000 if not trans_a else 300, 40), "fp32", "cuda")
+        for cfg in pick.sample(ring, 2):
+            out = same(lambda **c: kc.matmul(a, b, trans_a=trans_a, a_rows=rows, **c), cfg)
+            assert_rel(out, exact.matmul(a, b, trans_a=trans_a, a_rows=rows), matmul_tol("fp32", len(b)), str(cfg))
+
+    dy, w = randn(rng, (77, 70), "fp32", "cuda"), randn(rng, (50, 70), "fp32", "cuda")
+    y = randn(rng, (77, 50), "fp32", "cuda")
+    for cfg in pick.sample(ring, 2):
+        out = same(lambda **c: kc.matmul(dy, w, trans_b=True, relu_grad_of=y, **c), cfg)
+        assert_rel(out, exact.matmul(dy, w, trans_b=True, relu_grad_of=y), matmul_tol("fp32", 70), str(cfg))
+
+    x, wl = randn(rng, (130, 784), "fp32", "cuda"), randn(rng, (784, 10), "fp32", "cuda", scale=0.1)
+    labels = torch.randint(0, 10, (130,), generator=rng).cuda()
+    for cfg in pick.sample([c for c in ring if c["BLOCK_N"] >= 10], 2):
+        same(lambda **c: kc.linear_cross_entropy(x, wl, labels, bias=wl[0], **c), cfg)
+
+    xs, g = randn(rng, (200, 150), "fp32", "cuda"), randn(rng, (200, 33), "fp32", "cuda")
+    start = [randn(rng, shape, "fp32", "cuda") for shape in ((150, 33), (150, 33), (33,), (33,))]
+    for cfg in pick.sample([c for c in ring if c["SPLIT_K"] == 1], 2):
+        def step(config):
+            params = [p.clone() for p in start]
+            kc.linear_sgd(xs, g, *params, lr=0.05, momentum=0.9, weight_decay=1e-2, config=config)
+            return tuple(params)
+        same(step, cfg)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n_out", (33, 64))
 @pytest.mark.parametrize("layout", ("contiguous", "offset1"))
 def test_linear_sgd_weights_are_sgd_updates_bits(rng, n_out, layout):
