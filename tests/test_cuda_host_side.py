@@ -752,7 +752,7 @@ def test_simt_ring_gives_the_two_buffer_loops_bits(rng):
         same(lambda **c: kc.linear_cross_entropy(x, wl, labels, bias=wl[0], **c), cfg)
 
     xs, g = randn(rng, (200, 150), "fp32", "cuda"), randn(rng, (200, 33), "fp32", "cuda")
-    start = [randn(rng, shape, "fp32", "cuda") for shape in ((150, 33), (150, 33), (33,), (33,))]
+    start = [randn(rng, shape, "fp32", "cuda") for shape in ((150, 33), (33,), (150, 33), (33,))]  # w, bias, bufs
     for cfg in pick.sample([c for c in ring if c["SPLIT_K"] == 1], 2):
         def step(config):
             params = [p.clone() for p in start]
