@@ -85,7 +85,11 @@ SIMT_SPACE = Space(
         "elt == 4",
     ),
     threads=SIMT_THREADS,
-    smem_bytes="num_stages * BLOCK_K * (BLOCK_M + BLOCK_N + 8) * 4",
+    # Rows padded by 4 floats: k-major tiles have BLOCK_K rows; in the ring a k-contiguous operand
+    # keeps its BLOCK_M (BLOCK_N) rows of BLOCK_K (matmul_simt.cu: SimtTile::DK), which the layout
+    # decides at launch, so the ring is sized for the larger padding.
+    smem_bytes="num_stages * 4 * (BLOCK_K * (BLOCK_M + BLOCK_N) + 4 * ("
+               "max(BLOCK_K, BLOCK_M) + max(BLOCK_K, BLOCK_N) if num_stages > 2 else 2 * BLOCK_K))",
     notes="fp32 SIMT; 16-byte loads, lowered by the host for misaligned operands; SPLIT_K > 1 sums slices in fp32",
 )
 

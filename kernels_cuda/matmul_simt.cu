@@ -54,16 +54,25 @@
 #include "common.cuh"
 
 // One operand tile: BK x BD of op(X) (BD = BM for A, BN for B), staged
-// through registers. KC says k is X's contiguous dimension: op(X)[d, k] is
+// through registers, or (RING) copied by cp.async. KC says k is X's contiguous dimension: op(X)[d, k] is
 // X[d * ld + k] when KC, else X[k * ld + d]. With ROWS, X's stored rows (d
 // when KC, else k) are read through the index vector `rows` of X's `stored`
 // rows: row r is X + rows[r] * ld, a row of zeros where common.cuh's
 // gathered_row says so; within a row the vector loads stay as they are.
-template <int BD, int BK, int V, int T, int KC, int ROWS = 0>
+// In shared memory the tile is k-major (Xs[k][d]), except a k-contiguous one in the ring (DK:
+// Xs[d][k], as X holds it, so its copies move whole vectors).
+template <int BD, int BK, int V, int T, int KC, int ROWS = 0, int RING = 0>
 struct SimtTile {
     static constexpr int VECS = BD * BK / V;
     static constexpr int PER_THREAD = (VECS + T - 1) / T;
-    static constexpr int LD_S = BD + 4;  // padded shared row, in floats
+    static constexpr bool DK = KC && RING;
+    // Padded shared rows, in floats: 4 more than a row, so that the 16-byte reads of a warp's
+    // rows land in different banks.
+    static constexpr int LD_S = DK ? BK + 4 : BD + 4;
+    static constexpr int STAGE = DK ? BD * LD_S : BK * LD_S;
+    static __device__ __forceinline__ float at(const float* Xs, int d, int k) {
+        return DK ? Xs[d * LD_S + k] : Xs[k * LD_S + d];
+    }
     typedef Pack<float, V> P;
     P r[PER_THREAD];
 
@@ -109,25 +118,19 @@ struct SimtTile {
         });
     }
 
-    // The tile straight into shared buffer Xs by cp.async (STAGES >= 3): what load() + store()
-    // put there, zeros included (src-size 0 copies none and fills the rest).
+    // The tile straight into shared buffer Xs by cp.async (RING): the values load() + store()
+    // put there, zeros included (src-size 0 copies none and fills the rest), each vector whole.
     __device__ __forceinline__ void issue(float* Xs, const float* X, i64 ld, int d0, int k0, int D, int K,
                                          const i64* rows, i64 stored) const {
+        static_assert(RING, "the two-buffer loop stages through registers");
         each([&](int, int d, int k) {
             const int gd = d0 + d, gk = k0 + k;
-            if (KC) {  // a stored row of X holds op(X)[gd, :]
-                const i64 row = ROWS ? gathered_row(rows, gd, D, stored) : gd < D ? gd : -1;
-                // One address for the V copies (immediate offsets); src-size 0 reads nothing, as
-                // Triton's masked copies past K do.
-                const float* src = row >= 0 ? X + row * ld + gk : X;
-#pragma unroll
-                for (int j = 0; j < V; ++j)
-                    cp_async<4>(smem_addr(Xs + (k + j) * LD_S + d), src + j, row >= 0 && gk + j < K ? 4 : 0);
-            } else {  // a stored row of X holds op(X)[:, gk]
-                const i64 row = ROWS ? gathered_row(rows, gk, K, stored) : gk < K ? gk : -1;
-                const int n = row < 0 || gd >= D ? 0 : D - gd < V ? D - gd : V;
-                cp_async<4 * V>(smem_addr(Xs + k * LD_S + d), n ? X + row * ld + gd : X, 4 * n);
-            }
+            // The stored row that holds the vector, and how many of its V floats lie inside op(X).
+            const i64 row = KC ? (ROWS ? gathered_row(rows, gd, D, stored) : gd < D ? gd : -1)
+                               : (ROWS ? gathered_row(rows, gk, K, stored) : gk < K ? gk : -1);
+            const int left = KC ? K - gk : D - gd, n = row < 0 || left <= 0 ? 0 : left < V ? left : V;
+            cp_async<4 * V>(smem_addr(Xs + (DK ? d * LD_S + k : k * LD_S + d)), n ? X + row * ld + (KC ? gk : gd) : X,
+                            4 * n);
         });
     }
 
@@ -155,9 +158,9 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     constexpr int RM = BM / TM, RN = BN / TN;  // threads along m and n
     constexpr int GM = TM < 4 ? TM : 4, GN = TN < 4 ? TN : 4;  // a thread's rows (columns) come in groups of GM (GN)
     static_assert(TM % GM == 0 && TN % GN == 0 && TM * TN % 4 == 0, "THREAD_M, THREAD_N: 2, 4 or 8");
-    typedef SimtTile<BM, BK, VA, T, A_KC, A_ROWS> TileA;
-    typedef SimtTile<BN, BK, VB, T, B_KC> TileB;
-    constexpr int A_STAGE = BK * TileA::LD_S, B_STAGE = BK * TileB::LD_S;
+    typedef SimtTile<BM, BK, VA, T, A_KC, A_ROWS, (STAGES >= 3)> TileA;
+    typedef SimtTile<BN, BK, VB, T, B_KC, 0, (STAGES >= 3)> TileB;
+    constexpr int A_STAGE = TileA::STAGE, B_STAGE = TileB::STAGE;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* As = reinterpret_cast<float*>(smem_raw);
     float* Bs = As + STAGES * A_STAGE;
@@ -190,9 +193,9 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
                 for (int i = 0; i < TM; ++i) f(row_of(i));
             });
     };
-    // Adds a staged tile's rows of op(B) (k-major, whatever B's layout) to the bias sums.
+    // Adds a staged tile's rows of op(B) to the bias sums.
     auto add_bias = [&](const float* bs) {
-        if (reads.bias_step) reads.bias_grad.template add<BK>([&](int k, int c) { return bs[k * TileB::LD_S + c]; });
+        if (reads.bias_step) reads.bias_grad.template add<BK>([&](int k, int c) { return TileB::at(bs, c, k); });
     };
 
     float acc[TM][TN];
@@ -206,26 +209,64 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const int KT = (K + BK - 1) / BK;
 
     // TM x TN FMAs per k from TM/GM + TN/GN shared loads of GM (GN) floats.
+    // A d-major (DK) tile gives a thread 4 consecutive k of each of its rows (columns) per 16-byte
+    // read, so those reads come once per 4 k; the FMAs run in the same k order either way.
     auto compute = [&](const float* as, const float* bs) {
 #pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
-            float a[TM], b[TN];
+        for (int k4 = 0; k4 < BK; k4 += 4) {
+            float ad[TileA::DK ? TM : 1][4], bd[TileB::DK ? TN : 1][4];
+            if constexpr (TileA::DK) {
 #pragma unroll
-            for (int g = 0; g < TM / GM; ++g) {
-                Pack<float, GM> v = *reinterpret_cast<const Pack<float, GM>*>(as + kk * TileA::LD_S + g * GM * RM + ty * GM);
+                for (int i = 0; i < TM; ++i) {
+                    Pack<float, 4> v = *reinterpret_cast<const Pack<float, 4>*>(as + (row_of(i) - m0) * TileA::LD_S + k4);
 #pragma unroll
-                for (int j = 0; j < GM; ++j) a[g * GM + j] = v.v[j];
+                    for (int q = 0; q < 4; ++q) ad[i][q] = v.v[q];
+                }
+            }
+            if constexpr (TileB::DK) {
+#pragma unroll
+                for (int g = 0; g < TN / GN; ++g)
+#pragma unroll
+                    for (int j = 0; j < GN; ++j) {
+                        Pack<float, 4> v =
+                            *reinterpret_cast<const Pack<float, 4>*>(bs + (col_of(g) - n0 + j) * TileB::LD_S + k4);
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) bd[g * GN + j][q] = v.v[q];
+                    }
             }
 #pragma unroll
-            for (int g = 0; g < TN / GN; ++g) {
-                Pack<float, GN> v = *reinterpret_cast<const Pack<float, GN>*>(bs + kk * TileB::LD_S + g * GN * RN + tx * GN);
+            for (int q = 0; q < 4; ++q) {
+                const int kk = k4 + q;
+                float a[TM], b[TN];
 #pragma unroll
-                for (int j = 0; j < GN; ++j) b[g * GN + j] = v.v[j];
+                for (int g = 0; g < TM / GM; ++g) {
+                    Pack<float, GM> v;
+                    if constexpr (TileA::DK) {
+#pragma unroll
+                        for (int j = 0; j < GM; ++j) v.v[j] = ad[g * GM + j][q];
+                    } else {
+                        v = *reinterpret_cast<const Pack<float, GM>*>(as + kk * TileA::LD_S + g * GM * RM + ty * GM);
+                    }
+#pragma unroll
+                    for (int j = 0; j < GM; ++j) a[g * GM + j] = v.v[j];
+                }
+#pragma unroll
+                for (int g = 0; g < TN / GN; ++g) {
+                    Pack<float, GN> v;
+                    if constexpr (TileB::DK) {
+#pragma unroll
+                        for (int j = 0; j < GN; ++j) v.v[j] = bd[g * GN + j][q];
+                    } else {
+                        v = *reinterpret_cast<const Pack<float, GN>*>(bs + kk * TileB::LD_S + g * GN * RN + tx * GN);
+                    }
+#pragma unroll
+                    for (int j = 0; j < GN; ++j) b[g * GN + j] = v.v[j];
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
     };
 

@@ -8,13 +8,15 @@
 #   tune32c   the CUDA twin's fp32 subset re-tuned at the default budget from session 18's store
 #             (its winners are the incumbents a new config must beat in this run);
 #   bench, bench2   the trainer's GEMMs and 4096^3 against cuBLAS on the re-tuned store, twice.
-# Usage: LAB_COMMIT=<code commit> bash scripts/s19_call1.sh [CALL_SECONDS]
+# Usage: LAB_COMMIT=<code commit> [STORE=experiments/runs/s19a] bash scripts/s19_call1.sh [CALL_SECONDS]
+# (session 19 ran it twice: call 1 on 9816ba9's ring, call 2 with STORE=experiments/runs/s19b on the ring
+# that keeps k-contiguous tiles as stored).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 limit=${1:-540}
 logs=$(mktemp -d)
 export STEP_LOGS=$logs
-store=experiments/runs/s19a
+store=${STORE:-experiments/runs/s19a}
 mkdir -p "$store/sm_90"
 cp experiments/results/trainer_shapes_s18_sm_90/best.json "$store/sm_90/best.json"
 step tests 200 python3 -m tests.shards --shards 12 --limit 190 --log-dir "$logs/shards" -- -q -m gpu \
