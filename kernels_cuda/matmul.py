@@ -54,9 +54,9 @@ SPLIT_WIDE = "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512  # 32 or 64 slices: tile
 # tuner suggests each tunable on its own, and a value valid in a corner of the grid is one it
 # seldom draws (confined to tiles of 512 outputs, 2 x 2 was measured in 1 of 12 studies).
 # num_stages: 1 reloads one buffer, 2 prefetches the next tile through registers, 3 and 4 keep
-# that many tiles in a cp.async ring (sm_80 on), the next STAGES - 1 in flight: the trainer's fp32
-# products at K = 784..1024 are a few hundred blocks of 7-13 short k steps each, bound by the
-# latency of their L2 reads, which Triton's winners there hide 3-4 tiles deep (NOTES, section 29).
+# that many tiles in a cp.async ring (sm_80 on), the next STAGES - 1 in flight, as Triton's fp32
+# winners at the trainer's K = 784..1024 products do. The ring did not make a k step cheaper, but
+# its shorter prologue won some small products (128x128x784: 6.2 -> 5.5 us; NOTES, section 29).
 # The register rule below is kept for the ring too (whose copies hold no registers), so that
 # every pipeline runs the same tiles.
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
