@@ -56,7 +56,7 @@ SPLIT_WIDE = "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512  # 32 or 64 slices: tile
 # num_stages: 1 reloads one buffer, 2 prefetches the next tile through registers, 3 and 4 keep
 # that many tiles in a cp.async ring (sm_80 on), the next STAGES - 1 in flight, as Triton's fp32
 # winners at the trainer's K = 784..1024 products do. The ring did not make a k step cheaper, but
-# its shorter prologue won some small products (128x128x784: 6.2 -> 5.5 us; NOTES, section 29).
+# ring configs won some small products' studies (128x128x784: 6.2 -> 5.5 us; NOTES, section 29).
 # The register rule below is kept for the ring too (whose copies hold no registers), so that
 # every pipeline runs the same tiles.
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
