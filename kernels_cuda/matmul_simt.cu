@@ -38,9 +38,10 @@
 // STAGES 3 and 4 (sm_80 and newer): a ring of shared buffers filled by cp.async, the copies of
 // tile k + STAGES - 1 in flight while tile k is multiplied, as Triton's fp32 winners at the
 // trainer's K = 784..1024 products run (4 stages; the two-buffer loop above has one tile in
-// flight, and its registers hold it). A k-major operand moves its vectors whole, src-size
-// zero-filling the edges; a k-contiguous one is transposed by 4-byte copies. The FMAs, their
-// order and the zeros are the two-buffer loop's, so both give the same bits.
+// flight, and its registers hold it). Every operand moves its vectors whole, src-size
+// zero-filling the edges: a k-contiguous one stays k-contiguous in shared memory (SimtTile::DK),
+// and the FMA loop reads 4 k of its rows at a time. The FMAs, their order and the zeros are the
+// two-buffer loop's, so both give the same bits.
 //
 // SPLIT_K > 1 (outputs of few tiles, e.g. 128 x 10 with K = 1024): the grid
 // is tiles x slices (at most SPLIT_K), each block runs the same loop over its
@@ -238,29 +239,29 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
             for (int q = 0; q < 4; ++q) {
                 const int kk = k4 + q;
                 float a[TM], b[TN];
+                if constexpr (TileA::DK) {
 #pragma unroll
-                for (int g = 0; g < TM / GM; ++g) {
-                    Pack<float, GM> v;
-                    if constexpr (TileA::DK) {
+                    for (int i = 0; i < TM; ++i) a[i] = ad[i][q];
+                } else {
 #pragma unroll
-                        for (int j = 0; j < GM; ++j) v.v[j] = ad[g * GM + j][q];
-                    } else {
-                        v = *reinterpret_cast<const Pack<float, GM>*>(as + kk * TileA::LD_S + g * GM * RM + ty * GM);
+                    for (int g = 0; g < TM / GM; ++g) {
+                        Pack<float, GM> v =
+                            *reinterpret_cast<const Pack<float, GM>*>(as + kk * TileA::LD_S + g * GM * RM + ty * GM);
+#pragma unroll
+                        for (int j = 0; j < GM; ++j) a[g * GM + j] = v.v[j];
                     }
-#pragma unroll
-                    for (int j = 0; j < GM; ++j) a[g * GM + j] = v.v[j];
                 }
+                if constexpr (TileB::DK) {
 #pragma unroll
-                for (int g = 0; g < TN / GN; ++g) {
-                    Pack<float, GN> v;
-                    if constexpr (TileB::DK) {
+                    for (int j = 0; j < TN; ++j) b[j] = bd[j][q];
+                } else {
 #pragma unroll
-                        for (int j = 0; j < GN; ++j) v.v[j] = bd[g * GN + j][q];
-                    } else {
-                        v = *reinterpret_cast<const Pack<float, GN>*>(bs + kk * TileB::LD_S + g * GN * RN + tx * GN);
+                    for (int g = 0; g < TN / GN; ++g) {
+                        Pack<float, GN> v =
+                            *reinterpret_cast<const Pack<float, GN>*>(bs + kk * TileB::LD_S + g * GN * RN + tx * GN);
+#pragma unroll
+                        for (int j = 0; j < GN; ++j) b[g * GN + j] = v.v[j];
                     }
-#pragma unroll
-                    for (int j = 0; j < GN; ++j) b[g * GN + j] = v.v[j];
                 }
 #pragma unroll
                 for (int i = 0; i < TM; ++i)
