@@ -412,7 +412,9 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // accumulator. A second set of accumulators takes every other 16-wide k slice and halves that
     // chain; the two are added once, after the loop (fp32 accumulators only: ACC16 keeps its one
     // rounding per mma). On the H200 that took 0.5-1.0 µs off 16 x 16 tiles at 32 x 1024 x 1024,
-    // 128 blocks at once, and next to nothing at 32 x 128 (experiments/NOTES.md, section 26).
+    // 128 blocks at once, and next to nothing at 32 x 128 (experiments/NOTES.md, section 26). So
+    // these tiles sum in another order than larger ones: the same bits are promised only between
+    // tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
     constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
     Acc<ACC16> acc[MT][NT], acc_odd[MT][NT];
 #pragma unroll

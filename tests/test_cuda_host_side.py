@@ -517,18 +517,49 @@ def test_small_work_per_thread(rng, dtype):
 # num_warps, num_stages), on 1 to 8 warps, which stage a tile of tn operands in 1, 1, 2, 4, 1 and
 # 2 passes.
 STAGED_TILES = ((32, 32, 1, 4), (64, 64, 4, 4), (128, 128, 4, 2), (256, 128, 8, 2), (64, 128, 8, 4), (256, 32, 8, 2))
+# Tiles of at most 512 outputs, whose epilogue reads the mma fragments straight from registers.
+FRAGMENT_TILES = ((16, 16, 1, 2), (16, 32, 1, 2), (32, 16, 1, 3), (16, 16, 2, 2), (16, 32, 2, 4), (32, 16, 4, 2))
+
+
+def summation_order(cfg, accumulate="fp32"):
+    """What fixes the order in which the tensor-core kernel sums an output's products: the k step
+    (BLOCK_K), the slices of K (SPLIT_K), and whether the warp tile keeps a second set of
+    accumulators for every other 16-wide k slice (matmul_tc.cu: TWO_SETS, warp tiles of one or two
+    16 x 8 mma tiles with fp32 accumulators). Configs of the same order promise the same bits; others
+    only agree within rounding."""
+    from kernels_cuda.matmul import warp_grid
+
+    warps_m, warps_n = warp_grid(cfg)
+    mma_tiles = cfg["BLOCK_M"] // warps_m // 16 * (cfg["BLOCK_N"] // warps_n // 8)
+    return cfg["BLOCK_K"], cfg["SPLIT_K"], 2 if accumulate == "fp32" and mma_tiles <= 2 else 1
+
+
+def test_every_staged_tile_has_a_fragment_tile_of_its_summation_order():
+    """The bit-for-bit test below needs, for each staged tile, a fragment tile that sums in the same
+    order; and the fragment tiles must cover both orders, so that a rule change that moves one of
+    them is seen."""
+    def config(bm, bn, warps, stages):
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": warps, "num_stages": stages}
+
+    fragment_orders = {summation_order(config(*t)) for t in FRAGMENT_TILES}
+    assert {summation_order(config(*t))[2] for t in FRAGMENT_TILES} == {1, 2}
+    assert all(summation_order(config(*t)) in fragment_orders for t in STAGED_TILES)
+    assert all(config(*t)["BLOCK_M"] * config(*t)["BLOCK_N"] <= 512 for t in FRAGMENT_TILES)
+    assert all(config(*t)["BLOCK_M"] * config(*t)["BLOCK_N"] > 512 for t in STAGED_TILES)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("fp16", "bf16"))
-def test_staged_epilogue_keeps_the_bits(rng, dtype):
-    """Tiles of more than 512 outputs go through shared memory to the epilogue, the 16 x 16 tile
-    straight from its mma fragments. With the same BLOCK_K and SPLIT_K every output is the same
-    chain of mma.sync and the same epilogue arithmetic whatever the tile, so the two must agree bit
-    for bit: plain GEMMs with bias and ReLU in three layouts, on rows of N % 4 != 0 and into a C
+def test_tiles_of_one_summation_order_give_the_same_bits(rng, dtype):
+    """The tensor-core kernel promises the same bits for the same inputs and config on every call,
+    and across tile shapes wherever the summation order is the same (summation_order): tiles of
+    more than 512 outputs go through shared memory to the epilogue, tiles of at most 512 straight
+    from their mma fragments, and the two epilogues do the same arithmetic per element. Checked bit
+    for bit between each staged tile and a fragment tile of its order, and among fragment tiles of
+    one order: plain GEMMs with bias and ReLU in three layouts, on rows of N % 4 != 0 and into a C
     4 bytes past an 8-byte boundary (the epilogue's scalar stores), relu_grad_of, split-K, and
     linear_sgd with gathered rows, momentum, weight decay and low copies. Each is also checked
-    against float64."""
+    against float64, and each config is called twice."""
     from kernels_core.reference import exact
     from tests.test_ops import (assert_rel, check_linear_sgd, check_matmul, matmul_operands, poisoned, randn,
                                 sgd_layer)
@@ -538,23 +569,30 @@ def test_staged_epilogue_keeps_the_bits(rng, dtype):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "num_warps": warps, "num_stages": stages, "GROUP_M": 8,
                 "SPLIT_K": split_k, "WGMMA": 0}
 
+    def same_order(cfg, tiles=FRAGMENT_TILES):
+        """Another tile of cfg's summation order."""
+        return next(config(*t, split_k=cfg["SPLIT_K"]) for t in tiles
+                    if t[:3] != (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"])
+                    and summation_order(config(*t, split_k=cfg["SPLIT_K"])) == summation_order(cfg))
+
     m, k = 77, 70
-    for i, tile in enumerate(STAGED_TILES):
-        cfg, fragments = config(*tile), config(16, 16, 1, 2)
+    pairs = [(config(*t), same_order(config(*t))) for t in STAGED_TILES + FRAGMENT_TILES[:2]]
+    for i, (cfg, fragments) in enumerate(pairs):
         n = (203, 200)[i % 2]
         trans_a, trans_b = ((False, False), (True, False), (False, True))[i % 3]
         a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
         kw = dict(trans_a=trans_a, trans_b=trans_b, bias=randn(rng, (n,), dtype, "cuda"), activation="relu")
         check_matmul(kc, a, b, config=cfg, **kw)
         want = kc.matmul(a, b, config=fragments, **kw)
-        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), want), cfg
+        assert torch.equal(kc.matmul(a, b, config=fragments, **kw), want), fragments
+        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), want), (cfg, fragments)
         shifted = poisoned((m * n + 2,), dtype, "cuda")[2:].view(m, n)
-        assert torch.equal(kc.matmul(a, b, config=cfg, out=shifted, **kw), want), cfg
+        assert torch.equal(kc.matmul(a, b, config=cfg, out=shifted, **kw), want), (cfg, fragments)
 
         g, w, y = (randn(rng, shape, dtype, "cuda") for shape in ((m, k), (n, k), (m, n)))
         got = kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=cfg)
         assert_rel(got, exact.matmul(g, w, trans_b=True, relu_grad_of=y), tolerance(dtype, k, "cuda"), f"{cfg}")
-        assert torch.equal(got, kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=fragments)), cfg
+        assert torch.equal(got, kc.matmul(g, w, trans_b=True, relu_grad_of=y, config=fragments)), (cfg, fragments)
 
         layer = sgd_layer(rng, "cuda", dtype, 37, m, n, momentum=0.9, rows=90, low=True)
         again = tuple(None if t is None else t.clone() for t in layer)
@@ -564,14 +602,17 @@ def test_staged_epilogue_keeps_the_bits(rng, dtype):
         kc.linear_sgd(x, dy, w0, bias, w_buf, b_buf, x_rows=x_rows, w_low=w_low, b_low=b_low, config=fragments, **hyper)
         for name, got, want in zip(("w", "bias", "w_buf", "b_buf", "w_low", "b_low"),
                                    layer[2:6] + layer[7:], again[2:6] + again[7:]):
-            assert torch.equal(got, want), f"{name}, {cfg}"
+            assert torch.equal(got, want), f"{name}, {cfg}, {fragments}"
 
-    for tile in ((64, 64, 4, 4), (128, 128, 4, 2)):  # split-K tiles are at most 128 x 128
+    for tile in ((64, 64, 4, 4), (128, 128, 4, 2), (16, 16, 1, 2)):  # split-K tiles are at most 128 x 128
         cfg = config(*tile, split_k=4)
+        fragments = same_order(cfg)
         a, b = matmul_operands(rng, m, 203, 900, dtype, "cuda", False, False)
         kw = dict(bias=randn(rng, (203,), dtype, "cuda"), activation="relu")
         check_matmul(kc, a, b, config=cfg, **kw)
-        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), kc.matmul(a, b, config=config(16, 16, 1, 2, 4), **kw))
+        want = kc.matmul(a, b, config=cfg, **kw)
+        assert torch.equal(kc.matmul(a, b, config=cfg, **kw), want), cfg
+        assert torch.equal(kc.matmul(a, b, config=fragments, **kw), want), (cfg, fragments)
 
 
 @pytest.mark.gpu
