@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -33,11 +34,16 @@ def test_wheel_installs_a_trainer_that_runs_from_any_directory(tmp_path):
     assert {f"trainer/mnist/{spec}-ubyte.gz" for spec in
             ("train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1")} <= set(names)
 
-    # torch and the rest come from this interpreter's site-packages; the lab only from the wheel.
+    # torch and the rest come from this interpreter's site-packages, the lab only from the wheel. A
+    # path file, not --system-site-packages: from inside a virtual environment that flag gives the
+    # base interpreter's packages, not this one's. Its lines only extend sys.path, so the path files
+    # there (an editable install of the lab) are not read.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "parent_site_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, timeout=300)
 
