@@ -13,11 +13,9 @@ import itertools
 import os
 import queue
 import random
-import sys
 import threading
 
-from tqdm import tqdm
-
+from autotune import console
 from autotune.plan import Plan
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance
 from autotune.studies import view_space
@@ -84,7 +82,7 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
         for start in range(0, len(todo), BATCH):
             work.put((name, backend, op, dtype, todo[start:start + BATCH]))
 
-    bar = tqdm(total=total, unit="config", dynamic_ncols=True, file=sys.stderr, desc=f"compile {target.name}")
+    bar = console.bar(total=total, unit="config", desc=f"compile {target.name}")
 
     def record(name, backend, op, dtype, index, config, report):
         status, error = report.get("status", "compile_error"), report.get("error")
@@ -152,7 +150,7 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
     _summary(csv.path, studies, notes)
     if interrupted:
         print("interrupted: configs in flight were dropped; re-run the same command to resume.")
-        return 130
+        return console.INTERRUPTED
     return 0
 
 

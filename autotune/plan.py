@@ -53,7 +53,7 @@ def split_list(text: str, allowed, what: str) -> list[str]:
 
 
 # The twin that launches through CuPy: nothing of it runs on the cpu target (the host, with the
-# Triton interpreter), though nvcc compiles it there.
+# Triton interpreter).
 NEEDS_GPU = {"cuda": "the raw-CUDA twin runs on an NVIDIA GPU only"}
 
 
@@ -61,14 +61,14 @@ def build_plan(args: argparse.Namespace) -> Plan:
     target = resolve_target(args.target, compile_only=args.compile_only)
     ops = split_list(args.ops, OPS, "ops")
     # The workload's default is the trainer's default dtype, so a plain run tunes what it trains.
-    dtypes = split_list(args.dtypes or ("fp16" if args.shapes else "fp32"), tuple(DTYPES), "dtypes")
+    dtypes = split_list(args.dtypes or ("fp16" if args.shapes is not None else "fp32"), tuple(DTYPES), "dtypes")
     names = split_list(args.backends, tuple(backends.registry()), "backends")
     skipped = []
-    if target.name == "cpu" and not args.compile_only:
+    if target.name == "cpu":  # search.parse_args refuses --compile-only with it
         skipped = [f"{name}: {NEEDS_GPU[name]}; --target cpu times on the host" for name in names if name in NEEDS_GPU]
         names = [name for name in names if name not in NEEDS_GPU]
     plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes, skipped=skipped)
-    shapes = parse_shapes(args.shapes) if args.shapes else None
+    shapes = parse_shapes(args.shapes) if args.shapes is not None else None
     ops_with_calls: set[str] = set()
     for dtype in dtypes:
         if shapes is not None:

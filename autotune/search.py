@@ -17,31 +17,41 @@ them against --trials, and reuses configs any of them measured.
 """
 from __future__ import annotations
 
-import argparse
-import fcntl
-import math
 import sys
-import threading
-from pathlib import Path
 
-import optuna
-import sqlalchemy.exc
-from optuna.trial import TrialState
-from sqlalchemy.engine import make_url
-from tqdm import tqdm
+from autotune import console
 
-from autotune import compile_sweep, studies
-from kernels_core.backends import BackendError
-from autotune.plan import Job, Plan, build_plan
-from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
-from autotune.store import ConfigStore, StoreError, load_store, save_store, store_path
-from autotune.studies import SAMPLERS, SearchError, StudyRunner
-from autotune.targets import TARGETS, TargetError
-from autotune.trials_csv import TrialsCsv, columns
-from autotune.evaluate import Evaluator
-from autotune.worker_pool import WorkerStartError
-from autotune.workload import SGD_HYPER, metric, throughput
-from kernels_core.contract import DTYPES
+try:  # a Ctrl-C while these load (torch takes a second or more) ends as one later does
+    import argparse
+    import fcntl
+    import math
+    import re
+    import threading
+    from collections import Counter
+    from pathlib import Path
+
+    import optuna
+    import sqlalchemy.exc
+    from optuna.trial import TrialState
+    from sqlalchemy.engine import make_url
+    from tqdm import tqdm
+
+    from autotune import compile_sweep, studies
+    from kernels_core.backends import BackendError
+    from autotune.plan import Job, Plan, build_plan
+    from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
+    from autotune.store import ConfigStore, StoreError, load_store, save_store, store_path
+    from autotune.studies import SAMPLERS, SearchError, SearchStopped, StudyRunner
+    from autotune.targets import TARGETS, TargetError
+    from autotune.trials_csv import TrialsCsv, columns
+    from autotune.evaluate import Evaluator
+    from autotune.worker_pool import WorkerStartError
+    from autotune.workload import MAX_DIM, SGD_HYPER, metric, throughput
+    from kernels_core.contract import DTYPES
+except KeyboardInterrupt:
+    if __name__ != "__main__":
+        raise  # imported by another program: its Ctrl-C is its own to report
+    sys.exit(console.interrupted())
 
 DEFAULT_TRIALS = 50
 # A worker is set aside after this many trials in a row end with it crashed, hung or unable to
@@ -57,13 +67,33 @@ SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_s
                "storage": None}  # storage: OUT/tuning.db
 
 
-def _seconds(text: str) -> float:
+# --timeout: a step of a trial is a config's compile (Triton's and nvcc's take seconds), or its
+# check and timing (on a GPU, repeats for up to evaluate.GPU_BENCH's 2 s): under a second, every
+# new config would time out. The waiting (select) takes at most about 9.2e9 s (int64
+# nanoseconds); 1e9 s is 31 years.
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e9
+# A study measures at most this many configs, and --compile-only compiles at most this many per
+# op: a million is weeks of a GPU per study, and a space too large to enumerate is sampled by
+# drawing up to 200 times the cap.
+MAX_TRIALS = 1_000_000
+# Each worker is a process with torch loaded; a GPU times one at a time, so more than a few per
+# GPU only wait for their turn.
+MAX_WORKERS = 256
+# The mnist-mlp workload's calls are the same for every depth from 2 on, but for sgd_update's length.
+MAX_LAYERS = 1024
+# Optuna's samplers seed numpy's RandomState, which takes seeds in [0, 2**32).
+MAX_SEED = 2**32 - 1
+WORKLOAD_FLAGS = ("workload", "hidden", "layers", "batch_size")  # what --shapes replaces
+
+
+def seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds > 0")
+    if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:  # False for NaN too
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}")
     return value
 
 
@@ -77,22 +107,48 @@ def _momentum(text: str) -> float:
     return value
 
 
+def _whole(low: int, high: int | None = None):
+    """An argparse type: a whole number from `low` to `high` (no bound when None)."""
+    allowed = f"from {low} to {high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number {allowed}")
+        return value
+    return parse
+
+
 def _widths(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(w) for w in text.split(","))
     except ValueError:
         widths = ()
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of widths >= 1, like 128,1024,4096")
+    if not widths or min(widths) < 1 or max(widths) > MAX_DIM:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma list of widths from 1 to {MAX_DIM}, like 128,1024,4096")
     return widths
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m autotune.search", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # argparse's own prints the usage first; every refusal of the tuner is one line, which says
+        # what is allowed (argparse's lists the choices, but not the flags for an unknown one)
+        if message.startswith("unrecognized arguments"):
+            message += f"; {self.prog} --help lists the flags"
+        console.error(message)
+        self.exit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m autotune.search", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS],
                    help="GPU to tune for; auto = the local GPU; cpu = the host: the Triton twin under its "
-                        "interpreter (pipeline tests; the CUDA twin is skipped)")
+                        "interpreter (pipeline tests; the CUDA twin is skipped; nothing to --compile-only)")
     p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
     p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
                    "more via AUTOTUNE_BACKENDS=name=module)")
@@ -100,56 +156,77 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated of fp32,fp16,bf16 (default: fp32, the trainer's, for --workload; "
                         "else fp16)")
     p.add_argument("--workload", choices=["mnist-mlp"],
-                   help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; ignored with --shapes)")
+                   help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; not with --shapes)")
     p.add_argument("--hidden", type=_widths, help="mnist-mlp hidden width, or a comma list of widths tuned in one "
-                   f"run (default {SEARCH_ONLY['hidden'][0]})")
-    p.add_argument("--layers", type=int, help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']})")
-    p.add_argument("--batch-size", type=int, help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']})")
+                   f"run (default {SEARCH_ONLY['hidden'][0]}; not with --shapes)")
+    p.add_argument("--layers", type=_whole(1, MAX_LAYERS),
+                   help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']}; not with --shapes)")
+    p.add_argument("--batch-size", type=_whole(1, MAX_DIM),
+                   help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']}; not with --shapes)")
     p.add_argument("--momentum", type=_momentum,
                    help="the trainer's SGD momentum, for sgd_update and linear_sgd: 0 (the seed protocol's) tunes "
                         "them without momentum buffers, as the trainer runs them, any other value with "
                         f"(default {SEARCH_ONLY['momentum']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
                    "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
-    p.add_argument("--trials", type=int, help=f"measured trials per study (default {DEFAULT_TRIALS}); "
-                   "with --compile-only, the most configs compiled per op (default 256)")
-    p.add_argument("--timeout", type=_seconds, default=180.0,
+    p.add_argument("--trials", type=_whole(1, MAX_TRIALS), help=f"measured trials per study (default "
+                   f"{DEFAULT_TRIALS}); with --compile-only, the most configs compiled per op (default 256)")
+    p.add_argument("--timeout", type=seconds, default=180.0,
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
-                   "killed and the trial recorded as timeout (default 180)")
+                   f"killed and the trial recorded as timeout ({MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}, default 180)")
     p.add_argument("--sampler", choices=SAMPLERS, help=f"default {SEARCH_ONLY['sampler']}")
     p.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///OUT/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name: new studies (configs measured "
                    "under another prefix are still reused; a new --storage measures everything afresh)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=_whole(0, MAX_SEED), default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
                         "or their samplers propose the same configs and spend suggestions on each other's")
-    p.add_argument("--workers", type=int, help="worker processes (default: one per visible GPU; 1 on cpu; "
-                   "compile-only: up to 8); several per GPU overlap compiles, timing stays one at a time per GPU")
-    p.add_argument("--max-failures-in-a-row", type=int, default=MAX_FAILURES_IN_A_ROW,
+    p.add_argument("--workers", type=_whole(1, MAX_WORKERS), help="worker processes (default: one per visible "
+                   "GPU; 1 on cpu; compile-only: up to 8); several per GPU overlap compiles, timing stays one at a "
+                   "time per GPU")
+    p.add_argument("--max-failures-in-a-row", type=_whole(1), default=MAX_FAILURES_IN_A_ROW,
                    help="a worker whose trials end this many times in a row with it crashed, hung or unable to "
                         "launch (a lost GPU) gets no more; the search stops when none is left "
                         f"(default {MAX_FAILURES_IN_A_ROW})")
     p.add_argument("--compile-only", action="store_true",
-                   help="compile every (sampled) config for --target and record registers, smem, spills; no GPU, "
-                        "no study, no shapes")
+                   help="compile every (sampled) config for a GPU --target and record registers, smem, spills; "
+                        "no GPU, no study, no shapes")
     p.add_argument("--out", type=Path, default=Path("experiments"),
                    help="results go to OUT/<target>/, the Optuna storage to OUT/tuning.db (default: experiments)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
-    if args.trials is not None and args.trials < 1:
-        p.error("--trials must be >= 1")
-    if args.workers is not None and args.workers < 1:
-        p.error("--workers must be >= 1")
-    if args.max_failures_in_a_row < 1:
-        p.error("--max-failures-in-a-row must be >= 1")
     given = [f"--{name.replace('_', '-')}" for name in SEARCH_ONLY if getattr(args, name) is not None]
     if args.compile_only and given:
         p.error(f"{', '.join(given)}: not used by --compile-only, which compiles each config once for the "
                 f"target, whatever the shape, and keeps no Optuna study; drop {'it' if len(given) == 1 else 'them'}")
+    if args.compile_only and args.target == "cpu":
+        p.error("--compile-only --target cpu: the cpu target runs the Triton twin under its interpreter, which "
+                "compiles nothing; compile offline for a GPU target (the interpreter plays sm_90: --target sm_90)")
+    replaced = [f"--{name.replace('_', '-')}" for name in WORKLOAD_FLAGS if getattr(args, name) is not None]
+    if args.shapes is not None and replaced:
+        p.error(f"{', '.join(replaced)}: the mnist-mlp workload's, which --shapes replaces with the shapes it "
+                f"names; drop {'it' if len(replaced) == 1 else 'them'} or --shapes")
+    if args.storage is not None and _in_memory(args.storage):
+        p.error(f"--storage {args.storage}: names no database file, so SQLite keeps an empty database in the "
+                "memory of each connection, which the search's threads and worker processes cannot share; "
+                "pass a file (sqlite:///PATH/tuning.db) or leave --storage out for OUT/tuning.db")
     for name, default in SEARCH_ONLY.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
     args.storage = args.storage or f"sqlite:///{args.out / 'tuning.db'}"  # one --out root holds every output
     return args
+
+
+def _in_memory(url: str) -> bool:
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # opening it says what is wrong
+        return False
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 # What a storage that is unreachable, corrupt or not a database raises while the search runs.
@@ -160,8 +237,10 @@ def shown_url(url: str) -> str:
     """The storage URL with its password hidden, for messages and the summary."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except (sqlalchemy.exc.ArgumentError, ValueError):  # not a URL: nothing to hide
-        return url
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        # Not parseable, yet it may still hold user:password@host: hide what lies between the user
+        # part's first ':' and the last '@'.
+        return re.sub(r"^([^:/@]*://)?([^:/@]*):.*@", r"\1\2:***@", url)
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
@@ -215,7 +294,8 @@ class Search:
         self.failures_in_a_row = [0] * len(self.pool)  # per worker, across studies
         self.retired: dict[int, str] = {}  # workers given no more trials, and why
         self.summary: list[dict] = []
-        self.bar: tqdm | None = None
+        self.outcomes: Counter = Counter()  # this run's measured trials by status
+        self.bar = None
 
     def make_row(self, job: Job, name: str, baselines: dict, config: dict, result: dict, number: int) -> dict:
         call, t = job.call, result.get("time_ms")
@@ -239,7 +319,8 @@ class Search:
 
     def record(self, row: dict) -> None:
         self.csv.append(row)
-        if self.bar is not None and row["status"] != "invalid":
+        if row["status"] != "invalid":
+            self.outcomes[row["status"]] += 1
             self.bar.update(1)
 
     # -- one study -------------------------------------------------------------------
@@ -362,11 +443,11 @@ class Search:
         self._write_best(job, name, study, runner)
 
     def live(self) -> list[int]:
-        """The workers still given trials; a SearchError when none is."""
+        """The workers still given trials; a SearchStopped when none is."""
         live = [i for i in range(len(self.pool)) if i not in self.retired]
         if not live:
-            raise SearchError("no worker left to run trials: " + "; ".join(self.retired.values())
-                              + ". The trials so far are saved: once the GPU works again, the same command resumes")
+            raise SearchStopped("no worker left to run trials: " + "; ".join(self.retired.values())
+                                + ". The trials so far are saved: once the GPU works again, the same command resumes")
         return live
 
     def _count_failure(self, index: int, result: dict) -> bool:
@@ -383,7 +464,7 @@ class Search:
                f"{result['status']} (the last: {str(result.get('error'))[:200]})")
         with self.lock:
             self.retired[index] = why
-        tqdm.write(f"autotune: {why}; it gets no more trials", file=sys.stderr)
+        tqdm.write(f"{console.PREFIX}: {why}; it gets no more trials", file=sys.stderr)
         return True
 
     def _work(self, runner: StudyRunner, job: Job, index: int) -> None:
@@ -467,7 +548,7 @@ class Search:
         for _, (_, _, _, runner, _) in opened:
             total += runner.left()
         interrupted = False
-        self.bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
+        self.bar = console.bar(total=total, unit="trial")
         try:
             for job, o in opened:
                 self.run_study(job, o)
@@ -479,7 +560,22 @@ class Search:
             self.heartbeat.stop()
             self.csv.close()
         self.print_summary(opened, interrupted)
-        return 130 if interrupted else 0
+        if interrupted:
+            return console.INTERRUPTED
+        if self.outcomes and not self.outcomes["ok"]:
+            raise SearchStopped(self.nothing_timed())
+        return 0
+
+    def nothing_timed(self) -> str:
+        """Why a run whose every trial failed measured nothing, and what to change."""
+        n = sum(self.outcomes.values())
+        if set(self.outcomes) == {"timeout"}:
+            return (f"every one of the {n} trials of this run timed out (--timeout {self.args.timeout:g} s, for "
+                    "each compile and for each check with its timing): no config was timed; pass a larger --timeout "
+                    "(default 180)")
+        failures = ", ".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items()))
+        return (f"none of the {n} trials of this run ran correctly ({failures}): no config was timed; each one's "
+                f"error is in {self.csv.path}")
 
     def print_summary(self, opened, interrupted: bool) -> None:
         import pandas as pd
@@ -493,20 +589,31 @@ class Search:
             print(table.to_string(index=False))
         invalid_now = sum(o[3].invalid for _, o in opened)
         reused_now = sum(o[3].reused for _, o in opened)
-        print(f"\n{len(self.summary)} studies on {self.target.name} ({self.args.sampler}, budget {self.budget} "
-              f"measured configs each). This run: {self.bar.n} trials measured, {reused_now} suggestions of "
-              f"configs measured before told their results at no cost, {invalid_now} suggestions pruned as "
-              f"invalid before compiling ({sum(s['invalid'] for s in self.summary)} in the studies).")
+        done = len(self.summary)
+        finished = f"{done} of {len(opened)} studies finished" if interrupted else f"{done} studies"
+        print(f"\n{finished} on {self.target.name} ({self.args.sampler}, budget {self.budget} "
+              f"measured configs each). This run: {sum(self.outcomes.values())} trials measured, {reused_now} "
+              f"suggestions of configs measured before told their results at no cost, {invalid_now} suggestions "
+              f"pruned as invalid before compiling ({sum(s['invalid'] for s in self.summary)} in the finished studies).")
         for line in self.plan.skipped:
             print(f"skipped {line}")
         for why in self.retired.values():
             print(f"set aside: {why}")
         if interrupted:
             print("interrupted: trials in flight were dropped; re-run the same command to resume.")
-        print(f"trials: {self.csv.path}\nbest:   {self.best_path}\nstudies: {shown_url(self.args.storage)}")
+        # Only files there are: an interrupted first run has no winner yet.
+        best = self.best_path if self.best_path.exists() else "none yet: no study has finished with a config that ran"
+        print(f"trials: {self.csv.path}\nbest:   {best}\nstudies: {shown_url(self.args.storage)}")
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the studies run or after (they stop on their own, with a summary)
+        return console.interrupted()
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     try:
         check_out(args.out)
@@ -516,18 +623,18 @@ def main(argv=None) -> int:
         if not plan.jobs:
             raise SearchError("nothing to tune: " + ("; ".join(plan.skipped) or "no jobs"))
         return Search(plan, args).run()
-    except KeyboardInterrupt:  # before the studies run (they stop on their own, with a summary)
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
-    except (TargetError, BackendError, StoreError, SearchError, WorkerStartError, ValueError) as exc:
-        print(f"autotune: error: {exc}", file=sys.stderr)
+    except (SearchStopped, WorkerStartError) as exc:  # the input was fine; the run cannot go on
+        console.error(exc)
+        return 1
+    except (TargetError, BackendError, StoreError, SearchError, ValueError) as exc:
+        console.error(exc)
         return 2
     except STORAGE_ERRORS as exc:  # the storage failed while the search ran
-        print(f"autotune: error: --storage {shown_url(args.storage)}: {storage_problem(exc)}", file=sys.stderr)
+        console.error(f"--storage {shown_url(args.storage)}: {storage_problem(exc)}")
         return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        console.error(f"{where}{exc.strerror or exc}")
         return 2
 
 

@@ -39,7 +39,6 @@ and, for processes on other hosts that die, the heartbeat table with
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import random
@@ -95,7 +94,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class SearchError(RuntimeError):
-    pass
+    """A search refused as asked (its flags, or the files and storage they name): exit 2."""
+
+
+class SearchStopped(SearchError):
+    """A search that cannot go on though it was asked for correctly: exit 1. The trials so far are saved."""
 
 
 def study_name(prefix: str, target: str, op: str, backend: str, dtype: str, shape: str) -> str:
@@ -171,12 +174,8 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
     if name == "grid":
         return _GridOrder(values, seed=seed)
     if name == "cmaes":
-        if importlib.util.find_spec("cmaes") is None:
-            raise SearchError("--sampler cmaes needs the cmaes package: pip install cmaes")
         return optuna.samplers.CmaEsSampler(seed=seed)
     if name == "gp":
-        if importlib.util.find_spec("scipy") is None:
-            raise SearchError("--sampler gp needs scipy: pip install scipy")
         return optuna.samplers.GPSampler(seed=seed)
     raise SearchError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
 

@@ -32,6 +32,9 @@ SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # bytes a weight fewer to move (the fp32 buffer read and written), so they are other calls to tune.
 SGD_OPS = ("sgd_update", "linear_sgd")
 MNIST_IN, MNIST_CLASSES = 784, 10
+# The largest dimension the tuner takes (--shapes, --hidden, --batch-size): where the matmul kernels'
+# 32-bit offsets end.
+MAX_DIM = 2**31 - 1
 
 
 def shape_key(shape, layout: str = "") -> str:
@@ -132,11 +135,13 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             raise ValueError(f"--shapes: {item!r} is not like 4096x4096x4096 or 128x1024") from None
-        if not shape or min(shape) < 1 or len(shape) > 3:
-            raise ValueError(f"--shapes: {item!r} needs 1 to 3 positive dimensions")
-        if layout and (len(shape) != 3 or layout not in LAYOUTS):
-            raise ValueError(f"--shapes: layout {layout!r} in {item!r}: only matmul shapes (MxNxK) "
-                             f"take a layout, one of {', '.join(LAYOUTS)}")
+        if not shape or min(shape) < 1 or max(shape) > MAX_DIM or len(shape) > 3:
+            raise ValueError(f"--shapes: {item!r} needs 1 to 3 dimensions, each from 1 to {MAX_DIM}")
+        if layout and len(shape) != 3:
+            raise ValueError(f"--shapes: layout {layout!r} in {item!r}: only matmul shapes (MxNxK) take a layout")
+        if layout and layout not in LAYOUTS:
+            raise ValueError(f"--shapes: layout {layout!r} in {item!r} is not one of {', '.join(LAYOUTS)} "
+                             "(t: that operand transposed)")
         out.append((shape, layout or ("nn" if len(shape) == 3 else "")))
     if not out:
         raise ValueError("--shapes: no shape given")

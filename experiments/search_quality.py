@@ -15,9 +15,12 @@
    the objective looks up the measured time; configs that failed or were not
    measured count as failed/invalid, as in a real search. A trial is a distinct
    config measured: the tuner never measures one twice.
+   Each replay measures exactly --budget's share of the grid (rounded down).
+   The grid's backend and dtype are its rows'.
    -> search_quality_<label>.csv (shape, sampler, seed, trial, best_so_far_ms),
    search_quality_<label>_seeds.csv (per seed: distinct configs until within 3%
-   and 1% of the grid's best, best found after 20/45/90 trials),
+   and 1% of the grid's best, best found after 20 and 45 trials and after 10% of
+   the grid, each left empty where the replay's budget ends before it),
    search_quality_<label>_summary.csv and search_quality_<label>.png (best so
    far vs trials, median and 10th-90th percentile band over seeds).
 3. Print per sampler and shape: the median configs to within 3% and 1%, the
@@ -40,10 +43,10 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
-from tqdm import tqdm
 
-from autotune import studies
+from autotune import console, studies
 from autotune.evaluate import Evaluator
+from autotune.search import seconds
 from autotune.targets import TARGETS, resolve_target
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.workload import Call, parse_shapes
@@ -55,8 +58,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WITHIN = (0.03, 0.01)  # reach targets: within 3% and 1% of the grid's best
 BUDGET_SHARE = 0.10  # a seed succeeds if it gets within 3% in this share of the grid
 BAR_SEEDS, BAR_MEDIAN = 0.95, 0.05  # the bar: that often, and a median within this share
-CHECKPOINTS = (20, 45, 90)  # trials after which the best found is reported
-MIN_TRIALS = max(CHECKPOINTS)
+CHECKPOINTS = (20, 45)  # trials after which the best found is reported, and after BUDGET_SHARE of the grid
+BUDGET_COLUMN = f"{BUDGET_SHARE:.0%}"  # names the figures taken after BUDGET_SHARE of the grid
+MEASURED_WITH = ("backend", "dtype")  # a grid's columns that say what it was measured with, one value each
+DEFAULTS = {"backend": "triton", "dtype": "fp16"}  # what a new grid is measured with
 YTICKS = (1.0, 1.03, 1.1, 1.25, 1.5, 2.0)
 PER_TIMING = ("repeat", "status", "error", "time_ms", "time_p20_ms", "time_p80_ms")  # replaced by the aggregate
 
@@ -64,8 +69,9 @@ PER_TIMING = ("repeat", "status", "error", "time_ms", "time_p20_ms", "time_p80_m
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.search_quality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="triton")
-    p.add_argument("--dtype", default="fp16", choices=list(DTYPES))
+    p.add_argument("--backend", help=f"the twin to measure (default {DEFAULTS['backend']}); a replay takes "
+                   "the grid's")
+    p.add_argument("--dtype", choices=list(DTYPES), help=f"default {DEFAULTS['dtype']}; a replay takes the grid's")
     p.add_argument("--shapes", default="128x1024x784:nn,4096x4096x4096:nn", help="matmul MxNxK[:layout], comma-separated")
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS])
     p.add_argument("--grid-csv", type=Path, help="replay this measured grid (or its _runs.csv) instead of measuring one")
@@ -77,12 +83,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grid-seconds", type=float, help="stop measuring after this long; a rerun resumes "
                    "(default: 150 for a sample, no limit with --full-grid)")
     p.add_argument("--workers", type=int, default=8, help="worker processes compiling in parallel")
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--timeout", type=seconds, default=60.0)
     p.add_argument("--samplers", default=f"{studies.DEFAULT_SAMPLER},random",
                    help=f"comma-separated, of {', '.join(studies.SAMPLERS)} (default: the tuner's default and random)")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--budget", type=float, default=0.3,
-                   help=f"trials per replay, as a share of the grid (at least {MIN_TRIALS})")
+                   help="configs each replay measures, as a share of the grid (rounded down; at least one)")
     p.add_argument("--label", help="names the outputs (default: the GPU's name, plus _full with --full-grid; "
                    "with --grid-csv, the grid's)")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -143,7 +149,7 @@ def _measure(args, target, todo: list, csv: TrialsCsv) -> None:
                      bench={"reps": 30, "max_seconds": 0.3})
     prov, lock = provenance(), threading.Lock()
     deadline = time.monotonic() + args.grid_seconds
-    bar = tqdm(total=len(todo), unit="timing", desc="grid", file=sys.stderr)
+    bar = console.bar(total=len(todo), unit="timing", desc="grid")
     todo = list(reversed(todo))  # popped from the end
 
     def drain(index: int) -> None:
@@ -190,21 +196,43 @@ def aggregate(runs: pd.DataFrame, tunables: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).dropna(axis=1, how="all")  # the trials.csv columns a grid leaves empty
 
 
-def load_grid(path: Path, tunables: list[str]) -> tuple[pd.DataFrame, list[str]]:
-    """A grid table (a _runs.csv is aggregated first) and the space's tunables it has: a grid
-    measured before a tunable was added ran that tunable's default throughout."""
+class GridError(ValueError):
+    """A --grid-csv that cannot be replayed as asked; the message says why, in one line."""
+
+
+def load_grid(path: Path, backend: str | None = None, dtype: str | None = None
+              ) -> tuple[pd.DataFrame, list[str], str, str]:
+    """A grid table (a _runs.csv is aggregated first), the tunables of its space it has, and the
+    backend and dtype it was measured with: its rows say, and a --backend or --dtype that says
+    otherwise is refused (replayed over another space's tunables, configs that differ only in
+    the others' would fold into one). A grid measured before a tunable was added ran that
+    tunable's default throughout."""
     grid = pd.read_csv(path)
-    missing = {"shape", "status", "time_ms"} - set(grid.columns)
+    missing = {"shape", "status", "time_ms", *MEASURED_WITH} - set(grid.columns)
     if missing:
-        raise SystemExit(f"search_quality: error: --grid-csv {path}: no {', '.join(sorted(missing))} column; "
-                         "is it a grid written by this script?")
+        raise GridError(f"--grid-csv {path}: no {', '.join(sorted(missing))} column; is it a grid written by "
+                        "this script?")
+    measured = {}
+    for column, flag in zip(MEASURED_WITH, (backend, dtype)):
+        values = sorted(grid[column].astype(str).unique())
+        if len(values) != 1:
+            raise GridError(f"--grid-csv {path}: {column} {', '.join(values) or 'missing'}; a grid holds the "
+                            f"configs of one {column}")
+        if flag is not None and flag != values[0]:
+            raise GridError(f"--grid-csv {path} was measured with {column} {values[0]}, not --{column} {flag}: "
+                            f"drop --{column} (a replay takes the grid's) or pass a grid of {flag}")
+        measured[column] = values[0]
+    try:
+        tunables = list(backends.space(measured["backend"], "matmul", measured["dtype"]).params)
+    except (backends.BackendError, ValueError) as exc:
+        raise GridError(f"--grid-csv {path}: {exc}") from None
     have = [t for t in tunables if t in grid.columns]
     if len(have) < len(tunables):
         print(f"{path.name}: no {', '.join(t for t in tunables if t not in have)} column (measured before it "
               "existed): replaying over the tunables it has")
     if "repeat" in grid.columns:
         grid = aggregate(grid, have)
-    return grid, have
+    return grid, have, measured["backend"], measured["dtype"]
 
 
 # -- 2. the replay --------------------------------------------------------------------
@@ -232,17 +260,38 @@ def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, bud
     return curve
 
 
-def seed_figures(curve: list[float], grid_best: float) -> dict:
+def budget_of(share: float, n: int) -> int:
+    """Configs in `share` of an `n`-config grid, rounded down (at least one): 0.1 of 888 is 88."""
+    return max(1, math.floor(round(share * n, 9)))  # round: 0.29 * 100 is 28.999999999999996
+
+
+def seed_figures(curve: list[float], grid_best: float, budget: int, n: int) -> dict:
     """Distinct configs until within each WITHIN of the grid's best (NaN: never), and the best
-    found after each checkpoint as a ratio to the grid's best (a run that measured the
-    whole grid before a checkpoint keeps its last best)."""
+    found after each checkpoint and after BUDGET_SHARE of the `n`-config grid, as a ratio to the
+    grid's best: NaN past the replay's `budget` (what it would have found there was not measured);
+    a replay that ended before its budget (the whole grid measured) keeps its last best."""
     out = {}
     for share in WITHIN:
         hit = next((i + 1 for i, b in enumerate(curve) if b <= grid_best * (1 + share)), math.nan)
         out[f"to_{share:.0%}"] = hit
-    for k in CHECKPOINTS:
-        out[f"best_at_{k}"] = curve[min(k, len(curve)) - 1] / grid_best if curve else math.nan
+    for name, k in [*((str(k), k) for k in CHECKPOINTS), (BUDGET_COLUMN, budget_of(BUDGET_SHARE, n))]:
+        out[f"best_at_{name}"] = curve[min(k, len(curve)) - 1] / grid_best if curve and k <= budget else math.nan
     return out
+
+
+def summary_at(curves: pd.DataFrame, seeds: pd.DataFrame, share: float) -> pd.DataFrame:
+    """The summary of replays (their curves and seeds tables, as run_replays returns or writes
+    them) as if each had measured `share` of its grid: each curve cut there. The sampler sees no
+    budget, so a replay of a larger one measured the same configs first."""
+    meta = seeds.set_index(["shape", "sampler", "seed"])
+    figures = []
+    for key, run in curves.groupby(["shape", "sampler", "seed"], sort=False):
+        n, grid_best = int(meta.loc[key, "grid_configs"]), meta.loc[key, "grid_best_ms"]
+        budget = budget_of(share, n)
+        curve = run.sort_values("trial")["best_so_far_ms"].tolist()[:budget]
+        figures.append({**dict(zip(["shape", "sampler", "seed"], key)), "grid_configs": n,
+                        **seed_figures(curve, grid_best, budget, n)})
+    return summarize(pd.DataFrame(figures))
 
 
 def summarize(seeds: pd.DataFrame) -> pd.DataFrame:
@@ -251,14 +300,14 @@ def summarize(seeds: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (shape, sampler), part in seeds.groupby(["shape", "sampler"], sort=False):
         n = int(part["grid_configs"].iloc[0])
-        budget = math.floor(BUDGET_SHARE * n)
+        budget = budget_of(BUDGET_SHARE, n)
         row = {"shape": shape, "sampler": sampler, "seeds": len(part), "grid_configs": n, "budget_10pct": budget}
         for share in WITHIN:
             reach = part[f"to_{share:.0%}"].fillna(math.inf)
             row[f"median_to_{share:.0%}"] = reach.median()
             row[f"success_{share:.0%}_in_budget"] = (reach <= budget).mean()
-        for k in CHECKPOINTS:
-            row[f"median_best_at_{k}"] = part[f"best_at_{k}"].median()
+        for name in (*map(str, CHECKPOINTS), BUDGET_COLUMN):
+            row[f"median_best_at_{name}"] = part[f"best_at_{name}"].median()
         row["meets_bar"] = bool(row["success_3%_in_budget"] >= BAR_SEEDS and row["median_to_3%"] <= BAR_MEDIAN * n)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -268,7 +317,7 @@ def run_replays(grid: pd.DataFrame, tunables: list[str], samplers: list[str], n_
                 budget_share: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     curves, seeds = [], []
     shapes = [(shape, part) for shape, part in grid.groupby("shape", sort=False)]
-    bar = tqdm(total=len(shapes) * len(samplers) * n_seeds, unit="run", desc="replay", file=sys.stderr)
+    bar = console.bar(total=len(shapes) * len(samplers) * n_seeds, unit="run", desc="replay")
     for shape, part in shapes:
         ok = part[part["status"] == "ok"]
         if ok.empty:
@@ -276,14 +325,14 @@ def run_replays(grid: pd.DataFrame, tunables: list[str], samplers: list[str], n_
             bar.update(len(samplers) * n_seeds)
             continue
         grid_best, n = ok["time_ms"].min(), len(part)
-        budget = max(MIN_TRIALS, math.ceil(budget_share * n))
+        budget = budget_of(budget_share, n)
         for sampler in samplers:
             for seed in range(n_seeds):
                 curve = replay(part, tunables, sampler, seed, budget)
                 curves += [{"shape": shape, "sampler": sampler, "seed": seed, "trial": i + 1, "best_so_far_ms": b}
                            for i, b in enumerate(curve)]
                 seeds.append({"shape": shape, "sampler": sampler, "seed": seed, "grid_configs": n,
-                              "grid_best_ms": grid_best, **seed_figures(curve, grid_best)})
+                              "grid_best_ms": grid_best, **seed_figures(curve, grid_best, budget, n)})
                 bar.update(1)
     bar.close()
     return pd.DataFrame(curves), pd.DataFrame(seeds)
@@ -294,9 +343,10 @@ def report(summary: pd.DataFrame) -> None:
         n = r["grid_configs"]
         reach = "; ".join(f"within {s:.0%}: median {_trials(r[f'median_to_{s:.0%}'], n)}, "
                           f"{r[f'success_{s:.0%}_in_budget']:.0%} of seeds in {r['budget_10pct']}" for s in WITHIN)
-        best = ", ".join(f"{r[f'median_best_at_{k}']:.3f}" for k in CHECKPOINTS)
+        after = (*map(str, CHECKPOINTS), BUDGET_COLUMN)
+        best = ", ".join(f"{r[f'median_best_at_{k}']:.3f}" for k in after)
         print(f"{r['shape']} {r['sampler']:>15} ({r['seeds']} seeds, grid {n}): {reach}; "
-              f"best/grid best after {'/'.join(map(str, CHECKPOINTS))} trials {best}")
+              f"best/grid best after {' / '.join(after)} configs {best}")
 
 
 def _trials(median: float, n: int) -> str:
@@ -311,14 +361,19 @@ def main(argv=None) -> int:
         except studies.SearchError as exc:
             print(f"search_quality: error: {exc}", file=sys.stderr)
             return 2
-    space_tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
     if args.grid_csv:
-        grid, tunables = load_grid(args.grid_csv, space_tunables)
+        try:
+            grid, tunables = load_grid(args.grid_csv, args.backend, args.dtype)[:2]
+        except GridError as exc:
+            print(f"search_quality: error: {exc}", file=sys.stderr)
+            return 2
         stem = args.grid_csv.stem.removeprefix("search_quality_grid_").removesuffix("_runs")
         label = args.label or stem
     else:
+        args.backend, args.dtype = args.backend or DEFAULTS["backend"], args.dtype or DEFAULTS["dtype"]
         label = args.label or device_slug() + ("_full" if args.full_grid else "")
-        grid, tunables = measure_grid(args, args.out / f"search_quality_grid_{label}.csv"), space_tunables
+        grid = measure_grid(args, args.out / f"search_quality_grid_{label}.csv")
+        tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
         if args.measure_only:
             return 0
     curves, seeds = run_replays(grid, tunables, args.samplers, args.seeds, args.budget)

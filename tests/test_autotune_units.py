@@ -82,9 +82,23 @@ def test_shape_keys_and_parsing():
     assert workload.shape_key((128, 1024)) == "128x1024"
     assert workload.parse_shapes("4096x4096x4096, 128x1024x784:tn,128x10,99") == [
         ((4096, 4096, 4096), "nn"), ((128, 1024, 784), "tn"), ((128, 10), ""), ((99,), "")]
-    for bad in ("4096xx4", "128x10:tn", "1x2x3:qq", "0x4", ""):
+    for bad in ("4096xx4", "128x10:tn", "1x2x3:qq", "0x4", "", f"{2**31}x4", f"{2**64}"):
         with pytest.raises(ValueError, match="--shapes"):
             workload.parse_shapes(bad)
+    assert workload.parse_shapes(f"{2**31 - 1}x1") == [((2**31 - 1, 1), "")]
+
+
+@pytest.mark.parametrize("item, layout, rank", [("4x4x4:qq", "qq", 3), ("7x3x5:NT", "NT", 3), ("9x2x1:n", "n", 3),
+                                               ("128x10:tn", "tn", 2), ("99:nn", "nn", 1), ("6x8:zz", "zz", 2)])
+def test_a_bad_layout_is_named_with_what_is_allowed(item, layout, rank):
+    with pytest.raises(ValueError) as info:
+        workload.parse_shapes(f"16x16x16,{item}")
+    message = str(info.value)
+    assert f"layout {layout!r} in {item!r}" in message and "\n" not in message
+    if rank == 3:  # a matmul shape: its layout is not one of the four
+        assert "is not one of nn, tn, nt, tt" in message and "only matmul" not in message
+    else:
+        assert "only matmul shapes (MxNxK) take a layout" in message
 
 
 def test_mnist_mlp_calls():

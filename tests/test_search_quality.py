@@ -26,8 +26,8 @@ def fake_grid(rng: torch.Generator, shapes=("64x64x64:nn", "128x64x32:nn"), drop
         keep = torch.randperm(len(combos), generator=rng)[drop:].tolist()
         times = (torch.rand(len(keep), generator=rng, dtype=torch.float64) + 0.1).tolist()
         for i, (index, t) in enumerate(zip(keep, times)):
-            rows.append({"shape": shape, **combos[index], "status": "launch_error" if i == 0 else "ok",
-                         "time_ms": None if i == 0 else t})
+            rows.append({"shape": shape, "backend": "triton", "dtype": "fp16", **combos[index],
+                         "status": "launch_error" if i == 0 else "ok", "time_ms": None if i == 0 else t})
     return pd.DataFrame(rows)
 
 
@@ -52,14 +52,18 @@ def test_the_tuner_runs_the_default_sampler_without_a_sampler_flag():
 
 
 def test_seed_figures_and_the_summary_count_distinct_configs_to_each_target():
-    curve = [2.0, 1.5, 1.5, 1.02, 1.02, 1.0] + [1.0] * 100
-    figures = sq.seed_figures(curve, 1.0)
+    curve = [2.0, 1.5, 1.5, 1.02, 1.02, 1.0] + [1.0] * 24  # a replay of 30 configs of a 100-config grid
+    figures = sq.seed_figures(curve, 1.0, 30, 100)
     assert figures["to_3%"] == 4 and figures["to_1%"] == 6
-    assert figures["best_at_20"] == figures["best_at_90"] == 1.0
-    short = sq.seed_figures([3.0, 2.0], 1.0)
-    assert math.isnan(short["to_3%"]) and short["best_at_45"] == 2.0  # measured all it could: its last best
+    assert figures["best_at_20"] == figures["best_at_10%"] == 1.0  # 10%: after 10 configs
+    assert math.isnan(figures["best_at_45"])  # past the budget: never measured
+    short = sq.seed_figures([3.0, 2.0], 1.0, 30, 100)
+    assert math.isnan(short["to_3%"]) and short["best_at_20"] == 2.0  # measured all it could: its last best
+    early = sq.seed_figures([1.5, 1.2, 1.1, 1.0, 1.0], 1.0, 5, 100)
+    assert math.isnan(early["best_at_10%"]) and early["to_3%"] == 4  # 10% of the grid is past its budget
     seeds = pd.DataFrame([{"shape": "s", "sampler": "x", "seed": i, "grid_configs": 100, **f}
                           for i, f in enumerate([figures] * 19 + [short])])
+    assert sq.summarize(seeds).iloc[0]["median_best_at_10%"] == 1.0
     row = sq.summarize(seeds).iloc[0]
     assert row["budget_10pct"] == 10 and row["success_3%_in_budget"] == 0.95 and row["median_to_3%"] == 4
     assert row["meets_bar"]  # 95% of seeds, median 4% of the grid
@@ -123,12 +127,61 @@ def test_the_replay_reads_a_grid_timed_once_that_lacks_a_tunable(tmp_path, rng, 
     """The committed H200 table predates SPLIT_K: it is replayed over the tunables it has."""
     path = tmp_path / "search_quality_grid_old.csv"
     fake_grid(rng).to_csv(path, index=False)
-    grid, tunables = sq.load_grid(path, ["BLOCK_M", "BLOCK_N", "num_warps", "SPLIT_K"])
-    assert tunables == ["BLOCK_M", "BLOCK_N", "num_warps"] and "no SPLIT_K column" in capsys.readouterr().out
-    assert sq.main(["--grid-csv", str(path), "--backend", "triton", "--samplers", "random", "--seeds", "2",
-                    "--out", str(tmp_path)]) == 0
+    grid, tunables, backend, dtype = sq.load_grid(path)
+    assert (backend, dtype) == ("triton", "fp16") and tunables == ["BLOCK_M", "BLOCK_N", "num_warps"]
+    assert "no BLOCK_K, GROUP_M, num_stages, SPLIT_K column" in capsys.readouterr().out
+    assert sq.main(["--grid-csv", str(path), "--samplers", "random", "--seeds", "2", "--out", str(tmp_path)]) == 0
     seeds = pd.read_csv(tmp_path / "search_quality_old_seeds.csv")
-    assert len(seeds) == 4 and (seeds["best_at_90"] >= 1).all()
+    assert len(seeds) == 4 and (seeds["best_at_10%"] >= 1).all()  # 10% of 20 configs: 2, in a budget of 6
+    assert seeds["best_at_20"].isna().all()  # past the budget
+
+
+def test_budget_shares_round_down_to_whole_configs():
+    assert [sq.budget_of(0.1, n) for n in (888, 860, 9)] == [88, 86, 1]
+    assert sq.budget_of(0.29, 100) == 29 and sq.budget_of(0.3, 10) == 3 and sq.budget_of(1.0, 7) == 7
+
+
+def test_each_replay_measures_exactly_its_budget(rng):
+    grid = fake_grid(rng)  # 20 configs a shape
+    curves, seeds = sq.run_replays(grid, list(VALUES), ["random", "tpe-valid"], 3, 0.35)
+    assert set(seeds["grid_configs"]) == {20}
+    assert (curves.groupby(["shape", "sampler", "seed"])["trial"].max() == 7).all()  # 35% of 20
+
+
+def test_a_summary_cut_at_a_smaller_budget_is_that_budgets_replay(rng):
+    grid = fake_grid(rng, drop=int(torch.randint(0, 8, (1,), generator=rng)))
+    samplers = ["random", "tpe-valid", "grid"]
+    curves, _ = sq.run_replays(grid, list(VALUES), samplers, 3, 0.9)
+    seeds = sq.run_replays(grid, list(VALUES), samplers, 3, 0.5)[1]
+    cut = sq.summary_at(curves, seeds, 0.5)
+    pd.testing.assert_frame_equal(cut, sq.summarize(seeds))
+
+
+GRID_CUDA = sq.RESULTS / "search_quality_grid_h200_cuda_fp32_full.csv"
+
+
+def test_a_replay_takes_the_grids_backend_and_dtype(tmp_path, capsys):
+    """The H200's CUDA fp32 grid, replayed without --backend and --dtype: over its own space's
+    tunables, THREAD_M and THREAD_N among them, so each of its 888 configs stays one."""
+    assert sq.main(["--grid-csv", str(GRID_CUDA), "--samplers", "random", "--seeds", "2", "--budget", "0.013",
+                    "--out", str(tmp_path)]) in (0, 1)  # 1: random misses the bar
+    assert "measured before it existed" not in capsys.readouterr().out
+    curves = pd.read_csv(tmp_path / "search_quality_h200_cuda_fp32_full.csv")
+    assert (curves.groupby("seed")["trial"].max() == 11).all()  # 1.3% of 888, rounded down
+    grid, tunables, backend, dtype = sq.load_grid(GRID_CUDA)
+    assert (backend, dtype) == ("cuda", "fp32") and {"THREAD_M", "THREAD_N"} <= set(tunables)
+    assert len({studies.config_key({t: int(r[t]) for t in tunables}) for _, r in grid.iterrows()}) == len(grid) == 888
+
+
+@pytest.mark.parametrize("flags, words", [(["--backend", "triton"], "measured with backend cuda, not --backend triton"),
+                                          (["--dtype", "fp16"], "measured with dtype fp32, not --dtype fp16")])
+def test_a_replay_refuses_a_backend_or_dtype_its_grid_was_not_measured_with(tmp_path, capsys, flags, words):
+    assert sq.main(["--grid-csv", str(GRID_CUDA), *flags, "--seeds", "1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("search_quality: error: ") and words in err
+    assert not list(tmp_path.iterdir())
+    assert sq.main(["--grid-csv", str(GRID_CUDA), "--backend", "cuda", "--dtype", "fp32", "--samplers", "random",
+                    "--seeds", "1", "--budget", "0.005", "--out", str(tmp_path)]) in (0, 1)  # the grid's own: fine
 
 
 @pytest.mark.parametrize("argv, message", [

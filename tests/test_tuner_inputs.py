@@ -344,8 +344,6 @@ def test_cpu_target_skips_the_twin_that_needs_a_gpu_with_a_note():
                                          "--shapes", "32x64"]))
     assert {job.backend for job in plan.jobs} == {"triton"}
     assert any(line.startswith("cuda:") and "GPU" in line for line in plan.skipped), plan.skipped
-    compile_only = build_plan(search.parse_args(["--target", "cpu", "--ops", "relu_backward", "--compile-only"]))
-    assert "cuda" in compile_only.modules  # nvcc compiles without a GPU
 
 
 def test_an_op_the_trainer_never_calls_is_explained_with_the_flag_that_tunes_it(tmp_path, capsys):
