@@ -368,7 +368,7 @@ class Search:
         the default), which the study's winner must beat in this run to replace (_write_best). A
         re-tune after a kernel change, or with another seed or storage, draws other configs; its
         best of a budget can be slower than the entry it would overwrite, and times recorded in
-        another run do not compare (experiments/NOTES.md, section 19). A study resumed with a
+        another run do not compare (experiments/FINDINGS.md, "Tuner budget and the study's winner"). A study resumed with a
         larger budget has its own earlier winner among its trials, and judges it by its trial like
         every other config."""
         call, elt = job.call, DTYPES[job.call.dtype].itemsize

@@ -63,7 +63,7 @@ from kernels_core.space import Space
 
 OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
 SAMPLERS = ("tpe", "tpe-startup20", "tpe-ei64", "tpe-valid", "qmc", "random", "grid", "cmaes", "gp")
-# The replay of the H200's three full grids picked it (experiments/NOTES.md, section 16): within 3% of each
+# The replay of the H200's three full grids picked it (experiments/FINDINGS.md, "Tuner samplers and search quality"): within 3% of each
 # grid's best in 10% of the grid for 100 of 100 seeds on all three (tpe-ei64: 91-94), and the fewest asks.
 DEFAULT_SAMPLER = "tpe-valid"
 ENUMERATE_LIMIT = 200_000  # spaces up to this size are enumerated to prune values and count valid configs
@@ -140,7 +140,7 @@ def _sqlite_fast_commits(connection, _record) -> None:
 
 # Samplers that see tunables as ordered (an index into the sorted values) rather than as
 # unordered categories. CMA-ES has no categorical support at all; for TPE, replaying the
-# H200's measured grid (experiments/NOTES.md, section 7) showed that knowing 64 lies between
+# H200's measured grid (experiments/FINDINGS.md, "Tuner samplers and search quality") showed that knowing 64 lies between
 # 32 and 128 lets it reach the best tiles in fewer trials than categories do. Sobol points
 # spread over the indices cover small and large tiles alike; over categories they would not.
 ORDINAL_SAMPLERS = ("tpe", "tpe-startup20", "tpe-ei64", "tpe-valid", "qmc", "cmaes", "gp")
@@ -185,7 +185,7 @@ class _ValidTPE(optuna.samplers.TPESampler):
 
     Told only PRUNED trials, TPE learns the restrictions slowly: on the CUDA fp32 space most of
     its proposals broke one, and each cost a storage round trip (ask, tell) that took longer than
-    timing the kernel (experiments/NOTES.md, section 16). Here the start is drawn uniformly from
+    timing the kernel (experiments/FINDINGS.md, "Tuner samplers and search quality"). Here the start is drawn uniformly from
     the valid configs instead of from the product of the values, and later the model's candidates
     that are invalid or taken score -inf, so its choice is the best of the others. Without an
     enumerated space (`valid` None) it is tpe-ei64.

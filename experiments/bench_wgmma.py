@@ -4,7 +4,7 @@ Square fp16 and bf16 products (4096^3 and 8192^3 by default: 137 and 1100 GFLOP,
 by two orders of magnitude) timed for each row of the progression below and for torch.matmul
 (cuBLAS), with the L2 flushed before every repetition; the whole list runs --runs times in turn
 and each row keeps the median of its runs' medians (one run at 0.2 ms per product swings by
-+-15% on this machine: NOTES section 2). Every result is checked against cuBLAS's before it is
++-15% on this machine: experiments/FINDINGS.md, "Timing method"). Every result is checked against cuBLAS's before it is
 timed.
 
 The progression (one config of the one wgmma kernel per step, and the mma.sync kernel first):

@@ -5,7 +5,7 @@ inside the CUDA-graph replays the trainer times, from the profiler, 500 replays 
 
 experiments.profile_step profiles eager steps. This script profiles graph replays, so that a
 step's kernels, the gaps between them and the gap between replays can be set against compare's
-step time (experiments/NOTES.md, section 22). The profiler adds time of its own between replays,
+step time (experiments/FINDINGS.md, "Host side and launch overhead"). The profiler adds time of its own between replays,
 so its replay period is an upper bound of the step's GPU time.
 
 OUT gets one row per op and step. OUT with `_summary.csv` in place of `.csv.gz` gets one row per

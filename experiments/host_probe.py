@@ -1,6 +1,6 @@
 """Is the trainer's timed loop host-bound? For the seed protocol's step at H = 128, per backend:
 host µs per graph replay (A), the step times of an event pair per step as the trainer took them
-until section 22 of experiments/NOTES.md (B), the host µs of an event pair alone (C), the
+before it timed groups of steps (B), the host µs of an event pair alone (C), the
 GPU-bound step time, one event pair around 2000 replays (D), one replay's host µs on an idle GPU (E).
 
     PYTHONPATH=. python experiments/host_probe.py STORE BACKEND[,BACKEND...] [after-compile]

@@ -9,7 +9,7 @@ as the seed step calls it). Every call runs at the store's config, first for a w
 compiles it and checks the plain products against float64, then once between cudaProfilerStart
 and Stop, so that ncu reads those launches alone (cuBLAS's through torch, the baseline).
 
-Why (experiments/NOTES.md, section 23): at seed H = 8192 the weight gradients (8192x8192x32:tn)
+Why (experiments/FINDINGS.md, "Tensor-core kernel: large tiles and the staged epilogue"): at seed H = 8192 the weight gradients (8192x8192x32:tn)
 move 2 bytes per output (plain: C in fp16, 134 MB, 32 µs at the H200's 4245 GB/s copy ceiling)
 or 10 (linear_sgd: the fp32 w read and written, its fp16 copy written; 671 MB, 158 µs), and the
 CUDA twin took 3.6x and 2.2x those floors where Triton took 1.5x and 1.2x. The counters showed

@@ -69,7 +69,7 @@ def kernels_section(gpu: str) -> list[str]:
     lines = [f"### Kernels at their default configs ({_provenance(df)})", "",
              "`python -m experiments.bench_kernels` — 256M fp32 elements; L2 flushed between repetitions.", "",
              "Config labels are as of the commit named; `default` means the default at that commit "
-             "(experiments/NOTES.md, section 1).", "",
+             "(experiments/FINDINGS.md, \"Memory-bound kernels\").", "",
              _table(ew_t), "", "Matmul 4096³ (cuBLAS through torch in the same run; fp32 with TF32 off):", "",
              _table(gemm_t), ""]
     mlp = ok[ok.group == "mlp"]
@@ -83,7 +83,7 @@ def kernels_section(gpu: str) -> list[str]:
         lines += [f"MLP-shaped GEMMs ({mlp['shape'].nunique()} shapes: batch 32/128/1024 × 784/1024/4096 → "
                   "10/1024/4096, forward and both backward products): median speed vs cuBLAS. Per call, small "
                   f"shapes measure the Python wrapper's launch cost, not the kernel{graphed} "
-                  "(experiments/NOTES.md, section 3).", "",
+                  "(experiments/FINDINGS.md, \"Timing method\").", "",
                   _table(piv.rename(columns={"vs_torch": "per call vs cuBLAS",
                                              "graph_vs_torch": "graph replay vs cuBLAS"})), ""]
     plot = RESULTS / f"roofline_{gpu}.png"
@@ -322,7 +322,7 @@ def accuracy_section() -> list[str]:
                   "`python -m experiments.accuracy_spread --hidden H --seeds S`: the same protocol and backend, only "
                   "the seed (initial weights, data order) changed from run to run. A twin's run at one seed differs "
                   "from torch's by its roundings, at H = 128 about as much as one seed from another "
-                  "(experiments/NOTES.md, section 20).", "", _table(table), ""]
+                  "(experiments/FINDINGS.md, \"Accuracy and seeds\").", "", _table(table), ""]
     return lines
 
 

@@ -4,9 +4,9 @@ suggestions in a row, autotune.studies), and does it measure a picked config at 
 seed: seed, trials measured (below the budget: the study gave up), best time (below 1.0 only if a
 picked config was measured). A fourth argument names another sampler (autotune.studies).
 
-    # the wgmma region of the fp16 space (NOTES section 14)
+    # the wgmma region of the fp16 space (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper")
     python -m experiments.space_replay 8 fp16 "WGMMA == 1" > experiments/results/wgmma_space_replay.txt
-    # the small 2 x 2 tiles of the fp32 SIMT space (NOTES section 21)
+    # the small 2 x 2 tiles of the fp32 SIMT space (experiments/FINDINGS.md, "SIMT fp32 kernel")
     python -m experiments.space_replay 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \
         > experiments/results/simt_space_replay.txt
     python -m experiments.space_replay 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \

@@ -217,7 +217,7 @@ __device__ __forceinline__ bool splitk_arrive_last(int* counter, int arrivals) {
 // (SPLIT_K = 64: four trips), in a loop of its own: one loop over batches for
 // both cases made ptxas interleave a single batch's loads with its adds (three
 // trips where there was one) and take 10 registers more, which cost 18-42% on
-// the fp32 split-K products at K = 784 (experiments/NOTES.md, section 25).
+// the fp32 split-K products at K = 784 (experiments/FINDINGS.md, "Split-K").
 template <int SPLIT_K, int G>
 __device__ __forceinline__ void splitk_sum(float (&v)[G][4], const Pack<float, 4>* p, i64 g_stride, i64 slice_stride,
                                            int slices, int count) {
@@ -354,7 +354,7 @@ __device__ __forceinline__ i64 gathered_row(const i64* rows, int r, int count, i
 // The row moves XENT_CHUNK columns at a time through registers, every load of a chunk issued
 // before the first is used: a row of N <= XENT_CHUNK costs one trip to L2, where a loop of
 // loads one column at a time (three passes of them) made the 32 x 10 x 128 loss GEMM of the
-// fp16 seed step 7.1 µs against the plain GEMM's 4.4 (experiments/NOTES.md, section 17).
+// fp16 seed step 7.1 µs against the plain GEMM's 4.4 (experiments/FINDINGS.md, "Fused step and CUDA graphs").
 //
 // Each row's label is loaded before the GEMM's main loop (XentLabels: label_rows[m], then
 // labels[that], two dependent trips to L2 that the loop's own loads then hide), not after it.
@@ -557,7 +557,7 @@ __device__ __forceinline__ void sgd_step(float* p, const SgdArgs<typename Elt<DT
 
 // The epilogues' operands from memory (the bias, relu_grad_of's y, linear_sgd's w and its
 // buffer) are prefetched into L1 before the main loop, once its first copies are queued, so that
-// their trips to L2 overlap the loop (experiments/NOTES.md, section 19). linear_sgd's epilogue
+// their trips to L2 overlap the loop (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"). linear_sgd's epilogue
 // reads w and its buffer group by group, each read followed by stores the compiler cannot move it
 // past (the pointers may alias, as far as it knows): unprefetched, every group waited for its own
 // L2 round trip (on an H200 the fused dW of a 128 x 784 x 128 layer took 13.3 µs against the
@@ -580,7 +580,7 @@ __device__ __forceinline__ bool sgd_vec_ok(const float* p, const SgdArgs<typenam
 // summed again from global memory after the loop, one thread per column, dy's columns cost the
 // one-warp linear_sgd configs two more trips to L2 for K = 32 (SASS: 16-load batches); with the
 // sums from the staged tiles and the w lines prefetched, the seed step's linear_sgd calls took
-// 0.35-0.73 µs less on the H200 (experiments/NOTES.md, section 19). Thread t owns columns
+// 0.35-0.73 µs less on the H200 (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"). Thread t owns columns
 // t, t + T, ...; prefetch sends for their bias lines with the epilogue's other reads.
 template <int BN, int T>
 struct BiasGrad {
@@ -631,7 +631,7 @@ struct BiasGrad {
 
 // What a matmul kernel's epilogue reads from memory besides C's tile, sent for once the main
 // loop's first operand copies are queued (ahead of them the prefetches delayed the loop's first
-// wait: 0.1-0.3 µs on the H200's one-warp GEMMs, experiments/NOTES.md, section 19): the loss's
+// wait: 0.1-0.3 µs on the H200's one-warp GEMMs, experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"): the loss's
 // labels (XentLabels), in linear_sgd's blocks of tile row 0 (bias_step: they update the bias too)
 // the bias lines (BiasGrad), and per output the lines of the bias, of relu_grad_of's y, of
 // linear_sgd's w and its buffer. The kernels differ only in which outputs a thread holds: each

@@ -47,16 +47,16 @@ SPLIT_WIDE = "SPLIT_K <= 16 or BLOCK_M * BLOCK_N <= 512  # 32 or 64 slices: tile
 # the sample's (up to 204 bytes); tests/test_cuda_compile.py builds the edge.
 # So small tiles may take BLOCK_K = 64 or 128: the default protocol's K = 128
 # products at H = 128 (dW, the loss, the second layer) then take one or two k
-# steps, one trip to L2 each, where BLOCK_K = 32 made four (NOTES, section 20).
+# steps, one trip to L2 each, where BLOCK_K = 32 made four (experiments/FINDINGS.md, "SIMT fp32 kernel").
 # THREAD_M and THREAD_N 2 give the small tiles Triton's fp32 winners take for the step's
 # products at H = 128 (16 x 16 on 2 warps), with a quarter of 4 x 4's serial FMAs per thread
-# (NOTES, section 21). They are valid wherever the warp rules allow, not on small tiles only: the
+# (experiments/FINDINGS.md, "SIMT fp32 kernel"). They are valid wherever the warp rules allow, not on small tiles only: the
 # tuner suggests each tunable on its own, and a value valid in a corner of the grid is one it
 # seldom draws (confined to tiles of 512 outputs, 2 x 2 was measured in 1 of 12 studies).
 # num_stages: 1 reloads one buffer, 2 prefetches the next tile through registers, 3 and 4 keep
 # that many tiles in a cp.async ring (sm_80 on), the next STAGES - 1 in flight, as Triton's fp32
 # winners at the trainer's K = 784..1024 products do. The ring did not make a k step cheaper, but
-# ring configs won some small products' studies (128x128x784: 6.2 -> 5.5 us; NOTES, section 29).
+# ring configs won some small products' studies (128x128x784: 6.2 -> 5.5 us; experiments/FINDINGS.md, "SIMT fp32 kernel").
 # The register rule below is kept for the ring too (whose copies hold no registers), so that
 # every pipeline runs the same tiles.
 SIMT_THREADS = "(BLOCK_M * BLOCK_N // (THREAD_M * THREAD_N))"
@@ -103,7 +103,7 @@ SIMT_SPACE = Space(
 # as 16 x 16 (the logits' N = 10, batches of 16-32 rows: latency rather than
 # throughput), and so may blocks of 2-4 warps up to 512 outputs, on warp tiles down to
 # 16 x 8 (Triton's winners there are 16 x 16 on 2 warps; the SIMT kernel's thread tiles of
-# 2 paid the same way: NOTES, section 21). The warp grid is derived, not tuned: for a given warp count
+# 2 paid the same way: experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"). The warp grid is derived, not tuned: for a given warp count
 # the squarest warp tile reads the least shared memory per mma, and the
 # restriction on the tile's aspect is what makes an at most 2:1 warp tile
 # exist. BLOCK_K 128 (Triton's winners at K >= 128 in the seed protocol take

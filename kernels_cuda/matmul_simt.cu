@@ -14,7 +14,7 @@
 // training step at H = 128 (a 128 x 128 product is 16 blocks of 32 x 32
 // but 64 of 16 x 16), where the chip idles and each block's latency is the
 // call's, not its throughput (Triton's winners there are 16 x 16 on 2 warps:
-// experiments/NOTES.md, section 21). Per BK slice the block
+// experiments/FINDINGS.md, "SIMT fp32 kernel"). Per BK slice the block
 // reads (BM + BN) * BK floats from global memory for BM * BN * BK FMAs:
 // 128 x 128 tiles reuse each loaded float 64 times, far above the H200's
 // ~67 TFLOP/s / 4.8 TB/s ~ 14 FLOP/byte balance point.

@@ -5,7 +5,7 @@
 //
 // Bound by arithmetic at large sizes: 4096^3 is 137 GFLOP, 0.18 ms at the
 // 756 TFLOP/s cuBLAS reaches in fp16 on the H200 with wgmma; mma.sync, which
-// this kernel issues, reaches well under half of that there (NOTES section 2).
+// this kernel issues, reaches well under half of that there (experiments/FINDINGS.md, "Large square GEMMs").
 //
 // A block computes a BM x BN tile of C with WARPS_M x WARPS_N warps; each
 // warp owns a (BM / WARPS_M) x (BN / WARPS_N) sub-tile, i.e. MT x NT
@@ -20,7 +20,7 @@
 // for anything but latency to matter, and in blocks of at most 512 outputs on
 // 2-4 warps (warp tiles down to 16 x 8, the n-tile count NT then odd): for
 // those, more warps per block halve each warp's chain of mmas and copies, as
-// Triton's 16 x 16 tiles on 2 warps do (experiments/NOTES.md, section 21).
+// Triton's 16 x 16 tiles on 2 warps do (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost").
 //
 // Data path, sm_80 and newer (SM80 = 1): global -> shared with cp.async in a
 // STAGES-deep ring (copies of tile k + STAGES - 1 fly while tile k is
@@ -154,7 +154,7 @@ struct TcTile {
     // of a row whole and aligned. Rows padded by 8 halves, as before, did the first but left every
     // odd row's sectors straddling two: on the H200 Nsight Compute counted 24 L2 sectors per copy
     // instruction where 16 were needed, and 2.5-6 times the ideal shared wavefronts, at 16 x 16 on
-    // 2 warps, 32 x 1024 x 1024 (experiments/NOTES.md, section 28). swz(r + 8i) = swz(r).
+    // 2 warps, 32 x 1024 x 1024 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). swz(r + 8i) = swz(r).
     static constexpr int UNITS = COLS / 8, LINE_ROWS = UNITS >= 8 ? 1 : 8 / UNITS, SWZ = UNITS >= 8 ? 8 : UNITS;
     static __device__ __forceinline__ int swz(int r) { return r / LINE_ROWS % SWZ; }
     static __device__ __forceinline__ int at(int r, int c) { return r * COLS + (((c / 8) ^ swz(r)) * 8 + c % 8); }
@@ -185,7 +185,7 @@ struct TcTile {
     // so one divides the other), which holds while a row has no more chunks than the block has
     // threads or a thread's chunks all lie in one row (STRIDED); past that chunk p wraps into the
     // next row, and the kernel takes load_async (one warp reading 128-wide rows 4 bytes at a time:
-    // BLOCK_K = 128 at K = 10 wrote garbage on the H200, experiments/NOTES.md, section 20). Working
+    // BLOCK_K = 128 at K = 10 wrote garbage on the H200, experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"). Working
     // out every chunk's address and edges from scratch at each k step, as load_async does, took
     // about 150 instructions a stage in the one-warp 16 x 16 GEMMs, where one warp per
     // multiprocessor waits on each instruction's latency (section 19). K_ROWS: k runs along the
@@ -241,7 +241,7 @@ struct TcTile {
         // Queues the copies of the k step at k0 into stage s, and moves on to the next k step: the
         // kernel queues every k step once, in order, so the source address is a running pointer
         // (worked out from k0 and the leading dimension, it was a chain of 64-bit multiplies and
-        // adds ahead of each copy: experiments/NOTES.md, section 26). WHOLE: the caller knows every
+        // adds ahead of each copy: experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). WHOLE: the caller knows every
         // chunk of the step lies inside X, and the copies are whole with no test at all. Else a
         // thread whose chunks all lie inside X copies them whole; at an edge cp.async's src-size
         // zero-fills what lies outside X, and no address outside it is passed to a copy.
@@ -355,7 +355,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // 10 columns). Stored straight from the fragments, a warp's store covered 8 rows of 16 bytes:
     // Nsight Compute counted one L2 request per sector written, and the requests, not the bytes,
     // bounded the seed step's 8192 x 8192 x 32 weight gradients (plain 119 µs, linear_sgd 347 µs,
-    // at 19% and 40% of DRAM throughput; experiments/NOTES.md, section 23). Smaller blocks are
+    // at 19% and 40% of DRAM throughput; experiments/FINDINGS.md, "Tensor-core kernel: large tiles and the staged epilogue"). Smaller blocks are
     // latency-bound, where the staging's two barriers would only add.
     constexpr bool STAGED = EPI != EPI_XENT && BM * BN > 512;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
@@ -412,7 +412,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // accumulator. A second set of accumulators takes every other 16-wide k slice and halves that
     // chain; the two are added once, after the loop (fp32 accumulators only: ACC16 keeps its one
     // rounding per mma). On the H200 that took 0.5-1.0 µs off 16 x 16 tiles at 32 x 1024 x 1024,
-    // 128 blocks at once, and next to nothing at 32 x 128 (experiments/NOTES.md, section 26). So
+    // 128 blocks at once, and next to nothing at 32 x 128 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). So
     // these tiles sum in another order than larger ones: the same bits are promised only between
     // tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
     constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
@@ -434,7 +434,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // so that (u + du) ^ swz(r) = (u ^ swz(r)) ^ du). Formed from a generic pointer at every ldmatrix
     // (smem_addr's cvta is opaque to the compiler), each address cost about six 64-bit instructions
     // ahead of its ldmatrix, in the chain every k step of a one- or two-warp block waits on
-    // (experiments/NOTES.md, section 26).
+    // (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N").
     const int q = lane / 8, qr = lane % 8;
     const int a_r = A_KC ? wm * WM + (q & 1) * 8 + qr : (q >> 1) * 8 + qr;
     const int a_u = A_KC ? q >> 1 : (wm * WM + (q & 1) * 8) / 8;
@@ -521,7 +521,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // Tiles of up to 64 x 64: the k steps of an inner tile whose refills lie wholly inside K
         // run a loop of their own, with copies free of edge tests. With the tests behind a branch
         // in the one loop, a k step of 16 x 16 on 2 warps cost about 0.2 µs at BLOCK_K = 64 where
-        // Triton's, predicated, cost 0.12 (experiments/NOTES.md, section 27). Larger tiles spend
+        // Triton's, predicated, cost 0.12 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). Larger tiles spend
         // many mmas a step; the second loop only adds code (and, on 64 x 128 with the loss's
         // epilogue, spills). It runs STAGES steps a turn, so that every step's stages, and with
         // them its shared addresses, are known at compile time (ptxas unrolled the ring by itself

@@ -8,7 +8,7 @@
 //
 // Why a second tensor-core kernel: at 4096^3 fp16 (137 GFLOP) cuBLAS takes 0.18 ms on the H200
 // (756 TFLOP/s) with wgmma; matmul_tc.cu's mma.sync peaked at 266 TFLOP/s over a 76-config sweep
-// (NOTES section 2): the instruction, not the tile, was the ceiling. One m64nNk16 wgmma is issued
+// (experiments/FINDINGS.md, "Large square GEMMs"): the instruction, not the tile, was the ceiling. One m64nNk16 wgmma is issued
 // by a warpgroup (4 warps) and reads both operands straight from shared memory, so no ldmatrix,
 // no fragment registers for A or B, and the tensor cores run while the warps do something else.
 //

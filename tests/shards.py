@@ -2,7 +2,7 @@
 
 Why: on a fresh GPU machine the first run of the GPU tests compiles every kernel variant it meets
 (CuPy's NVRTC, Triton), one after another in the one pytest process: about a test a second, over
-320 s for the gpu-marked suite on the H200 (experiments/NOTES.md, section 19), while 15 of the
+320 s for the gpu-marked suite on the H200 (experiments/FINDINGS.md, "Test-suite cost"), while 15 of the
 machine's 16 cores idle. Each compiler is single-threaded, so N processes compile N variants at a
 time. They share CuPy's and Triton's disk caches, which both write a finished binary under a
 temporary name and rename it, so a variant two shards compile is written whole either way.

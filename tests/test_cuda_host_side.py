@@ -428,7 +428,7 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
     the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, in all
     four layouts with bias and ReLU, against float64; and every one-warp tensor-core tile at BLOCK_K
     128 on K = 10, whose k-contiguous rows are read 4 bytes at a time: 32 x 64 and 64 x 32 wrote
-    garbage there (relative error 1) until the copies took load_async (NOTES section 20)."""
+    garbage there (relative error 1) until the copies took load_async (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost")."""
     import random
 
     from tests.test_ops import check_matmul, matmul_operands, randn
