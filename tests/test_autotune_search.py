@@ -24,7 +24,6 @@ from autotune import studies
 from autotune.store import load_store
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow  # every test here runs the tuner in subprocesses
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +64,7 @@ def this_run(stdout: str) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
     out = search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "relu", "--dtypes", "fp32",
                  "--shapes", "32x64", "--sampler", "grid", "--trials", "20", "--timeout", "3")
@@ -92,6 +92,7 @@ def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
     assert "all 10 valid configs measured" in out.stdout  # budget 20: the study ended early, and says so
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_lost_gpu_stops_the_search_after_failures_in_a_row_not_at_the_budget(tmp_path, workers):
     args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
@@ -111,6 +112,7 @@ def test_a_lost_gpu_stops_the_search_after_failures_in_a_row_not_at_the_budget(t
     assert len(after) == 20 and (after["status"] == "ok").sum() == 20 - len(rows)
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_resume_after_sigkill_redoes_nothing(tmp_path):
     args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
             "--shapes", "16x16x16", "--sampler", "random", "--trials", "10", "--seed", "3"]
@@ -155,6 +157,7 @@ def test_resume_after_sigkill_redoes_nothing(tmp_path):
         "matmul", "fake", "fp32", "16x16x16:nn")[1] == "tuned"
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_a_re_tune_keeps_the_store_entry_its_winner_does_not_beat(tmp_path):
     """A study's winner replaces best.json's entry for its call only if it beats that entry's
     config timed in the same run. The fake matmul is fastest at BLOCK_M=32, BLOCK_N=64, SPLIT=1 by
@@ -177,6 +180,7 @@ def test_a_re_tune_keeps_the_store_entry_its_winner_does_not_beat(tmp_path):
     assert "best.json's entry kept: the study's best took" in out.stdout
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_a_study_resumed_with_a_larger_budget_judges_its_own_winner_by_its_trial(tmp_path):
     """The entry a study wrote is one of its trials: resumed with more trials, the study's best
     (by the trials' times) is the entry, whether or not it is the first run's winner."""
@@ -191,6 +195,7 @@ def test_a_study_resumed_with_a_larger_budget_judges_its_own_winner_by_its_trial
         assert entry["config"] == {k: int(best.loc[entry["shape"], k]) for k in ("BLOCK_M", "BLOCK_N", "SPLIT")}
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
     search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
            "--shapes", "16x16x16:tn", "--trials", "12", "--workers", "2", "--sampler", "random")
@@ -205,6 +210,7 @@ def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
     assert (measured["status"] == "ok").all()
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_two_machines_share_a_study_through_one_storage(tmp_path, storage_url):
     """Two searches started at once on a new storage, as two machines would (each with two
     workers; configs take 0.2 s to "compile"), on SQLite and on a PostgreSQL server: together
@@ -234,6 +240,7 @@ def test_timing_without_a_gpu_is_refused_with_what_to_run(tmp_path):
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 def test_compile_only_with_the_fake_backend_batches_prunes_and_resumes(tmp_path):
     args = ["--target", "sm_75", "--compile-only", "--backends", "fake", "--ops", "relu,matmul",
             "--dtypes", "fp32", "--workers", "1"]
@@ -252,6 +259,7 @@ def test_compile_only_with_the_fake_backend_batches_prunes_and_resumes(tmp_path)
 @pytest.mark.skipif(torch.cuda.is_available(), reason=(
     "the interpreter path is CI's (no GPU); on the H200's image (Triton 3.6, numpy 2.5) the interpreter "
     "fails scalar atomics: TypeError: only 0-dimensional arrays can be converted to Python scalars"))
+@pytest.mark.slow  # the tuner in subprocesses
 def test_real_triton_backend_under_the_interpreter(tmp_path):
     try:
         __import__("kernels_triton")
@@ -266,6 +274,7 @@ def test_real_triton_backend_under_the_interpreter(tmp_path):
     assert best.lookup("matmul", "triton", "fp32", "16x32x16:nn")[1] == "tuned"
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path is CI's (no GPU): see above")
 def test_the_seed_protocols_sgd_is_tuned_without_buffers_in_studies_of_its_own(tmp_path):
     """--momentum 0 (the seed protocol's SGD) tunes sgd_update and linear_sgd as the trainer runs
@@ -289,6 +298,7 @@ def test_the_seed_protocols_sgd_is_tuned_without_buffers_in_studies_of_its_own(t
     assert sorted(e["shape"] for e in entries) == ["1000", "9x5x7:tn"]
 
 
+@pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 def test_compile_only_for_sm_75_with_a_real_backend(tmp_path, backend):
     if backend == "cuda" and shutil.which("nvcc") is None:

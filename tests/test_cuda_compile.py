@@ -40,6 +40,7 @@ CASES = [(op, dtype, arch) for arch in ARCHS for op in OPS for dtype in DTYPES]
 
 
 @needs_nvcc
+@pytest.mark.matrix
 @pytest.mark.parametrize("op,dtype,arch", CASES, ids=[f"{o}-{d}-sm{a}" for o, d, a in CASES])
 def test_space_sample_compiles(op, dtype, arch):
     if op in GEMM_OPS and dtype == "bf16" and arch < 80:
@@ -211,6 +212,7 @@ SPLITK_CASES = [(dtype, arch) for arch in ARCHS for dtype in DTYPES if not (dtyp
 
 
 @needs_nvcc
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype,arch", SPLITK_CASES, ids=[f"{d}-sm{a}" for d, a in SPLITK_CASES])
 def test_splitk_and_small_tile_configs_compile(dtype, arch):
     sp = kc.space("matmul", dtype)
@@ -227,6 +229,7 @@ SPLITK_FUSED = ((0, 0, 1, "plain"), (0, 0, 0, "relu_grad"), (0, 0, 1, "relu_grad
 
 
 @needs_nvcc
+@pytest.mark.slow  # 6-10 CPU seconds of nvcc a case
 @pytest.mark.parametrize("dtype,arch", SPLITK_CASES, ids=[f"{d}-sm{a}" for d, a in SPLITK_CASES])
 def test_splitk_builds_for_every_layout_and_epilogue(dtype, arch):
     """A slice moves A and B along k one way per layout (enter_slice), and the last arrival
@@ -335,6 +338,7 @@ def test_fused_paths_build_without_spills(dtype, arch):
 
 
 @needs_nvcc
+@pytest.mark.slow  # about 20 s of nvcc per arch
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a >= 80])
 def test_simt_ring_builds_for_every_layout_and_epilogue(arch, tmp_path):
     """The SIMT kernel's cp.async ring (num_stages 3 and 4) in every layout and epilogue, gathered

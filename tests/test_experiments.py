@@ -1,4 +1,5 @@
 """The experiment scripts' CPU-side logic: result checks, loss-curve files, the generated README."""
+import pytest
 import pandas as pd
 import torch
 
@@ -39,6 +40,7 @@ def test_loss_curve_file_keeps_other_widths(tmp_path):
     assert [(r["hidden"], r["step"]) for r in rows] == [("1024", "2"), ("128", "10"), ("128", "12")]
 
 
+@pytest.mark.slow  # tuner processes killed and resumed
 def test_stress_sharing_judges_each_round(tmp_path):
     from experiments import stress_sharing
     out = tmp_path / "stress.csv"

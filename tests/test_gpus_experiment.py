@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow  # the tuner runs in subprocesses
 
 
 def gpus(tmp_path: Path, *args: str, search: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -24,6 +23,7 @@ def gpus(tmp_path: Path, *args: str, search: tuple[str, ...] = ()) -> subprocess
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # the tuner runs in subprocesses
 def test_one_all_and_a_pair_measure_the_exact_budget_and_the_winners_are_timed_on_each_gpu(tmp_path):
     done = gpus(tmp_path, "--rounds", "2")
     assert done.returncode == 0, done.stdout + done.stderr

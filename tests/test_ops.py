@@ -371,6 +371,7 @@ def test_bias_grad(ops, device, rng, m, n, dtype, layout):
     assert_column_sums(out, grad)
 
 
+@pytest.mark.slow  # 100,000 rows through the interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_grad_tall(ops, device, rng, dtype):
     m = 100_000 if device == "cpu" else 1_000_000

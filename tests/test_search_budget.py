@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow  # the tuner runs in subprocesses
 # Seed 0's first uniform pick is the fake matmul's fastest config; seed 2's is not, so a default
 # budget of one config leaves the long run something to find.
 FLAGS = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--hidden", "16", "--batch-size", "8", "--seed", "2"]
@@ -25,6 +24,7 @@ def budget(tmp_path: Path, *args: str, search: tuple[str, ...] = ()) -> subproce
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the tuner runs in subprocesses
 def test_the_default_winner_is_judged_against_the_long_run_after_retiming(tmp_path):
     cut = budget(tmp_path, "--default-trials", "1", "--long-trials", "12", "--seconds", "0.5")
     assert cut.returncode == 3 and "run again to resume" in cut.stdout, cut.stdout + cut.stderr

@@ -13,7 +13,6 @@ from experiments.compare import TRACKING, tracking_failure
 from trainer.config import Config
 from trainer.torch_backend import TorchBackend
 
-pytestmark = pytest.mark.slow
 STEPS = TRACKING[0][0]  # the steps over which the trainer tests hold two fp32 runs to 1e-4
 # Odd sizes, so no shape lines up with a vector width by luck; momentum on, so the buffers are exercised; a
 # large step, so a wrong update moves the next loss far beyond 1e-4 (twice the update: ~4e-2 at step 2,
@@ -37,6 +36,7 @@ def _compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow  # inductor compiles C++
 def test_compiled_model_and_sgd_step_train_like_eager(rng):
     config, batches = _config(rng), _batches(rng, STEPS)
     eager_backend = TorchBackend(config, CPU)

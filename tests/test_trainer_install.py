@@ -22,6 +22,7 @@ def _copy_of_the_source(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # builds a wheel and a virtual environment
 def test_wheel_installs_a_trainer_that_runs_from_any_directory(tmp_path):
     src = _copy_of_the_source(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY_TRITON = dict(backend="triton", hidden=16, layers=1, batch_size=16, steps=2, progress=False)
 
 
+@pytest.mark.slow  # a trainer process: torch's import and 50 steps
 def test_cli_end_to_end_writes_csv_and_summary(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "trainer.run", "--backend", "torch", "--steps", "50", "--hidden", "64",

@@ -110,7 +110,7 @@ def fused_path_plan(path, dtype, cfg):
         return plan_matmul(t(128, 10), t(1024, 10), trans_b=True, relu_grad_of=t(128, 1024), config=cfg)[1]
     return reports._sample_plan("linear_cross_entropy", dtype, cfg)
 
-cases, splitk, fused_paths = json.load(sys.stdin)
+cases, splitk, fused_paths, wgmma = json.load(sys.stdin)
 results = {}
 for op, dtype, arch, label, cfg in cases:
     key = f"{op}-{dtype}-sm{arch}-{label}"
@@ -118,14 +118,14 @@ for op, dtype, arch, label, cfg in cases:
         results[key] = {"report": kt.compile_report(op, dtype, cfg, arch)}
     except Exception as e:
         results[key] = {"error": f"{type(e).__name__}: {e}"}
-for dtype, arch, cfg, label in [("fp16", 90, None, "wgmma-fp16"), ("bf16", 90, None, "wgmma-bf16")] + splitk:
+for dtype, arch, cfg, label in [(dtype, 90, None, f"wgmma-{dtype}") for dtype in wgmma] + splitk:
     elt = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     plan = reports._sample_plan("matmul", dtype, kt.space("matmul", dtype).resolve(cfg, elt, arch))
     compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
     ptx = compiled.asm["ptx"]
     results[label] = [name for name in ("wgmma", "mma.sync") if name in ptx]
-for i, (path, dtype, arch, cfg, needles) in enumerate(fused_paths):
+for path, dtype, arch, cfg, needles, i in fused_paths:
     try:
         cfg = kt.space("matmul", dtype).resolve(cfg, contract.DTYPES[dtype].itemsize, arch)
         plan = fused_path_plan(path, dtype, cfg)
@@ -140,16 +140,34 @@ print(json.dumps(results))
 """
 
 
+# The reports fixture compiles what the run's tests of this module read, in one process of their own.
+pytestmark = pytest.mark.xdist_group("triton_compile")
+
+
 @pytest.fixture(scope="module")
-def reports():
+def reports(request):
+    """Only the cases the run selected (the fast tier samples test_compiles' matrix)."""
+    here = [item for item in request.session.items if item.module is request.module]
+    params = {item.originalname: [] for item in here}
+    for item in here:
+        if hasattr(item, "callspec"):
+            params[item.originalname].append(item.callspec.params)
+    cases = [c for c in CASES if c[:4] in {tuple(p[k] for k in ("op", "dtype", "arch", "label"))
+                                           for p in params.get("test_compiles", [])}]
+    wanted = {p["i"] for p in params.get("test_splitk_dot_instructions", [])}
+    splitk = [(dtype, arch, cfg, f"instructions-splitk{i}") for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)
+              if i in wanted]
+    wanted = {p["i"] for p in params.get("test_fused_paths_compile", [])}
+    fused = [(*case, i) for i, case in enumerate(FUSED_PATH_CASES) if i in wanted]
+    wgmma = [p["dtype"] for p in params.get("test_matmul_default_uses_wgmma_on_hopper", [])]
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": ROOT}
-    splitk = [(dtype, arch, cfg, f"instructions-splitk{i}") for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([CASES, splitk, FUSED_PATH_CASES]),
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([cases, splitk, fused, wgmma]),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("op,dtype,arch,label,config", CASES,
                          ids=[f"{c[0]}-{c[1]}-sm{c[2]}-{c[3]}" for c in CASES])
 def test_compiles(reports, op, dtype, arch, label, config):
@@ -172,11 +190,13 @@ def test_compiles(reports, op, dtype, arch, label, config):
         assert report["spill_bytes"] == 0, f"{label} config spills {report['spill_bytes']} bytes"
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_matmul_default_uses_wgmma_on_hopper(reports, dtype):
     assert "wgmma" in reports[f"wgmma-{dtype}"], "the 16-bit matmul default must run on Hopper's wgmma tensor cores"
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("i", range(len(SPLITK_CASES)),
                          ids=[f"{c[0]}-sm{c[1]}-{'x'.join(str(c[2][k]) for k in _TILE)}" for c in SPLITK_CASES])
 def test_splitk_dot_instructions(reports, i):
@@ -184,6 +204,7 @@ def test_splitk_dot_instructions(reports, i):
     assert reports[f"instructions-splitk{i}"] == instructions, f"{dtype} {cfg} on sm_{arch}"
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("i", range(len(FUSED_PATH_CASES)),
                          ids=[f"{c[0]}-{c[1]}-sm{c[2]}-split{c[3]['SPLIT_K']}" for c in FUSED_PATH_CASES])
 def test_fused_paths_compile(reports, i):
