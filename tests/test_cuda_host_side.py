@@ -424,7 +424,7 @@ def test_splitk_configs_across_the_space(rng, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_wide_k_steps_across_the_layouts(rng, dtype):
-    """The configs of the widest k steps the spaces gained in session 10 (SIMT: BLOCK_K 64 and 128 at
+    """The configs of the widest k steps of the spaces (SIMT: BLOCK_K 64 and 128 at
     the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, in all
     four layouts with bias and ReLU, against float64; and every one-warp tensor-core tile at BLOCK_K
     128 on K = 10, whose k-contiguous rows are read 4 bytes at a time: 32 x 64 and 64 x 32 wrote
@@ -455,7 +455,7 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
         check_matmul(kc, a, b, trans_b=True, config=cfg)
 
 
-# Session 11's small work per thread: the SIMT kernel's thread tiles of 2 (rows or columns in
+# Small work per thread: the SIMT kernel's thread tiles of 2 (rows or columns in
 # groups of 2), the tensor-core kernel's blocks of 2-4 warps up to 512 outputs (warp tiles down to
 # 16 x 8, one n-tile: ldmatrix x2). Each with the set of shapes it adds, and its 16 x 16 tile.
 SMALL_WORK = {
