@@ -46,8 +46,8 @@ try:  # a Ctrl-C while these load (torch takes a second or more) ends as one lat
     from autotune.trials_csv import TrialsCsv, columns
     from autotune.evaluate import Evaluator
     from autotune.worker_pool import WorkerStartError
-    from autotune.workload import MAX_DIM, SGD_HYPER, metric, throughput
-    from kernels_core.contract import DTYPES
+    from autotune.workload import SGD_HYPER, metric, throughput
+    from kernels_core.contract import DTYPES, MAX_DIM
 except KeyboardInterrupt:
     if __name__ != "__main__":
         raise  # imported by another program: its Ctrl-C is its own to report
@@ -585,8 +585,13 @@ class Search:
             table = pd.DataFrame(self.summary)
             for col in ("vs default", "vs torch"):
                 table[col] = table[col].map(lambda v: f"{v:.3g}x" if v == v and v is not None else "-")
+            if self.target.name == "cpu":  # an interpreter against native code: no measure of the kernel
+                table = table.drop(columns="vs torch")
             table["time_ms"] = table["time_ms"].map(lambda v: f"{v:.4g}" if v == v and v is not None else "-")
             print(table.to_string(index=False))
+            if self.target.name == "cpu":
+                print("(no 'vs torch' on the cpu target: the Triton kernels run in its Python interpreter, "
+                      "torch natively)")
         invalid_now = sum(o[3].invalid for _, o in opened)
         reused_now = sum(o[3].reused for _, o in opened)
         done = len(self.summary)

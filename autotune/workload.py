@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from kernels_core.contract import DTYPE_NAMES, DTYPES, OPS
+from kernels_core.contract import DTYPE_NAMES, DTYPES, MAX_DIM, OPS
 from kernels_core.reference import exact
 
 OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
@@ -32,9 +32,6 @@ SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
 # bytes a weight fewer to move (the fp32 buffer read and written), so they are other calls to tune.
 SGD_OPS = ("sgd_update", "linear_sgd")
 MNIST_IN, MNIST_CLASSES = 784, 10
-# The largest dimension the tuner takes (--shapes, --hidden, --batch-size): where the matmul kernels'
-# 32-bit offsets end.
-MAX_DIM = 2**31 - 1
 
 
 def shape_key(shape, layout: str = "") -> str:

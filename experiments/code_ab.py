@@ -15,7 +15,7 @@ falls on both alike.
 
 -> results/code_ab_<label>.csv, a row per call, backend and code ("new" this checkout, "old" the
    old tree): median, min and max over the rounds, the config, provenance (commit is this
-   checkout's; old_commit the old tree's, from its LAB_COMMIT file or its directory name), and the
+   checkout's; old_commit the old tree's, from its SOURCE_COMMIT file or its directory name), and the
    SGD calls' momentum (an old tree may force 0.9: experiments/FINDINGS.md, "The tuner's workload"). The summary prints the median old / new ratio and the sum over the step's distinct calls (a call
    the step makes twice, as the seed protocol's hidden layers do, counts once).
 """
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def old_commit(tree: Path) -> str:
-    stamp = tree / "LAB_COMMIT"
+    stamp = tree / "SOURCE_COMMIT"
     return stamp.read_text().strip() if stamp.exists() else tree.resolve().name
 
 

@@ -44,6 +44,11 @@ def run(cmd: list[str], results: list) -> bool:
     return ok
 
 
+def _duration(seconds: float) -> str:
+    """Seconds under two minutes, minutes above: "about 0 min" says nothing."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def summary_lines(results: list, outputs: list[str], skipped: list[str], next_cmd: str) -> list[str]:
     lines = ["", "=== quickstart summary ==="]
     lines += [f"{status:7} {seconds:7.1f}s  {cmd}" for cmd, status, seconds, _ in results]
@@ -93,8 +98,8 @@ def main(argv=None) -> int:
         torch_run = next((s for _, _, _, s in results if s and s["backend"] == "torch"), None)
         default = Config()
         steps = default.epochs * (SPECS["train_images"].count // default.batch_size)
-        minutes = f", about {steps * torch_run['median_step_us'] / 60e6:.0f} min here" if torch_run else ""
-        next_cmd = f"python -m trainer.run --backend torch (the full default run: {default.epochs} epochs{minutes})"
+        took = f", about {_duration(steps * torch_run['median_step_us'] / 1e6)} here" if torch_run else ""
+        next_cmd = f"python -m trainer.run --backend torch (the full default run: {default.epochs} epochs{took})"
 
     print("\n".join(summary_lines(results, outputs, skipped, next_cmd)))
     return 0 if all(status == "ok" for _, status, _, _ in results) else 1

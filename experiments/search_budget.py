@@ -12,7 +12,7 @@ long run of the same studies (issue 16), on the GPU.
 
 Each step is skipped once done (search_budget_runs.csv in --out records every run of a step,
 its seconds and exit code), and a search killed by --seconds resumes, so one command can be
-given several device calls:
+run again and again under a time limit until it is done:
 
     python -m experiments.search_budget --out experiments/runs/budget --seconds 500
 

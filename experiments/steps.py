@@ -1,5 +1,5 @@
 """What the tuner experiments run on a GPU share (experiments.search_budget, experiments.gpus):
-steps that resume across device calls, and timings taken in turn.
+steps that resume across runs cut short by a time limit, and timings taken in turn.
 
 A step is one or more commands run at once; <out>/<name>_runs.csv, the ledger, keeps each run's
 seconds and exit code. A step with a run that exited 0 is done; one cut short by the deadline is

@@ -91,6 +91,9 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FLOATS = tuple(DTYPES.values())
+# The largest dimension a caller may ask for (the tuner's shapes, the trainer's widths and
+# batches): where the matmul kernels' 32-bit offsets end.
+MAX_DIM = 2**31 - 1
 
 OPS = (
     "matmul",

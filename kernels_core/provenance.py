@@ -33,12 +33,12 @@ def _cupy_version() -> str:
 
 
 def git_commit() -> str:
-    """HEAD of this checkout; LAB_COMMIT wins, for copies of the tree without .git (the GPU machine).
-    An installed copy (site-packages) is no checkout, even inside one's .venv: "unknown"."""
-    if os.environ.get("LAB_COMMIT"):
-        return os.environ["LAB_COMMIT"]
+    """HEAD of this checkout; SOURCE_COMMIT wins, for copies of the tree without .git. An installed
+    copy (site-packages) is no checkout, even inside one's .venv: the package's version, so said."""
+    if os.environ.get("SOURCE_COMMIT"):
+        return os.environ["SOURCE_COMMIT"]
     if not (REPO / ".git").exists():
-        return "unknown"
+        return f"kernel-lab {_version('kernel-lab') or 'of unknown version'}, installed (no git checkout)"
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],

@@ -39,7 +39,7 @@ def test_old_commit_from_the_stamp_or_the_folder(tmp_path):
     tree = tmp_path / "303047b"
     tree.mkdir()
     assert code_ab.old_commit(tree) == "303047b"
-    (tree / "LAB_COMMIT").write_text("abc1234\n")
+    (tree / "SOURCE_COMMIT").write_text("abc1234\n")
     assert code_ab.old_commit(tree) == "abc1234"
 
 

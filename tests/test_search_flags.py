@@ -279,6 +279,16 @@ def test_a_search_draws_no_bar_into_a_log_and_counts_its_trials_all_the_same(tmp
     assert not err and "This run: 3 trials measured" in out
 
 
+def test_the_cpu_targets_summary_compares_no_interpreted_kernel_with_native_torch(tmp_path, capsys, monkeypatch,
+                                                                                   rand):
+    pool(monkeypatch, timed(rand))
+    assert run(tmp_path, *FAKE_MATMUL, "--shapes", "8x16x8", "--trials", "2") == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "best config" in line)
+    assert "vs default" in header and "vs torch" not in header
+    assert "no 'vs torch' on the cpu target" in out
+
+
 def test_compile_only_draws_no_bar_into_a_log(tmp_path, capsys, monkeypatch):
     class Compiler:
         def __init__(self, name, env, log_path):

@@ -11,15 +11,17 @@ given explicitly on the command line win over it.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 
 from autotune.targets import TARGETS
 from kernels_core.backends import BUILTIN
+from kernels_core.contract import MAX_DIM
 from trainer.data import DEFAULT_DIR, SPECS
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
+FP32_TINY, FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # fp32's smallest normal, largest finite
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor captures its own CUDA graphs
 
@@ -52,47 +54,72 @@ class Config:
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} is not one of {BACKENDS}")
+            raise ValueError(f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.dtype not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"dtype {self.dtype!r} is not one of fp32, fp16, bf16")
+            raise ValueError(f"--dtype {self.dtype!r} is not one of fp32, fp16, bf16")
         if self.compile is not None and self.compile not in COMPILE_MODES:
-            raise ValueError(f"compile mode {self.compile!r} is not one of {COMPILE_MODES}")
+            raise ValueError(f"--compile {self.compile!r} is not one of {', '.join(COMPILE_MODES)}")
         if self.compile in CUDAGRAPH_MODES and self.torch_graph:
             raise ValueError(f"--compile {self.compile} already uses CUDA graphs; drop --torch-graph")
         if (self.compile or self.torch_graph) and self.backend != "torch":
             raise ValueError("--compile and --torch-graph apply to the torch backend only")
         if not self.fuse and self.backend == "torch":
             raise ValueError("--no-fuse applies to the cuda and triton backends only")
-        for name in ("hidden", "layers", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.graph and self.backend == "torch":
+            raise ValueError("--no-graph applies to the cuda and triton backends only (the torch backend's "
+                             "step is graphed by --torch-graph)")
+        if self.torch_graph and not _has_gpu():
+            raise ValueError("--torch-graph captures the step in a CUDA graph, which needs a GPU; there is none here")
+        if not self.out.strip():
+            raise ValueError("--out must name a folder, got ''")
+        for name in ("hidden", "batch_size"):
+            if not 1 <= getattr(self, name) <= MAX_DIM:
+                raise ValueError(f"{_flag(name)} must be from 1 to {MAX_DIM}, got {getattr(self, name)}")
+        if self.layers < 1:
+            raise ValueError(f"--layers must be >= 1, got {self.layers}")
         if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
         if self.steps is None and self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
         if self.eval_every < 0:
-            raise ValueError(f"eval_every must be >= 0 (0: each epoch's end), got {self.eval_every}")
-        # Checked here, once, for every backend: torch.optim.SGD lets NaN through and
-        # raises on a negative lr, and the kernel backends would train on anything.
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:  # False for NaN too
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+            raise ValueError(f"--eval-every must be >= 0 (0: each epoch's end), got {self.eval_every}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be a whole number from 0 to 2**64 - 1, got {self.seed}")
+        # Checked here, once, for every backend: torch.optim.SGD lets NaN through and raises on a
+        # negative lr, the kernel backends would train on anything, and both apply the values in
+        # fp32, where a value past its largest overflows and one below its smallest normal is 0 or
+        # loses its precision (comparisons with NaN are False, so NaN is refused too).
+        if not FP32_TINY <= self.lr <= FP32_MAX:
+            raise ValueError(f"--lr must be from {FP32_TINY:.4g} to {FP32_MAX:.4g} (fp32's normal range), "
+                             f"got {self.lr}")
+        if not (self.momentum == 0 or FP32_TINY <= self.momentum < 1):
+            raise ValueError(f"--momentum must be 0 or from {FP32_TINY:.4g} to below 1, got {self.momentum}")
+        if not (self.weight_decay == 0 or FP32_TINY <= self.weight_decay <= FP32_MAX):
+            raise ValueError(f"--weight-decay must be 0 or from {FP32_TINY:.4g} to {FP32_MAX:.4g} (fp32's normal "
+                             f"range), got {self.weight_decay}")
         images = SPECS["train_images"].count
         if not 0 <= self.train_subset <= images:
-            raise ValueError(f"train_subset must be 0 (all) or 1..{images} (the training set's size), "
+            raise ValueError(f"--train-subset must be from 1 to {images} (the training set's size), "
                              f"got {self.train_subset}")
         if self.batch_size > (self.train_subset or images):
-            raise ValueError(f"batch_size {self.batch_size} is larger than the training set "
+            raise ValueError(f"--batch-size {self.batch_size} is larger than the training set "
                              f"({self.train_subset or images} images)")
         if self.target != "auto" and self.target not in TARGETS:
-            raise ValueError(f"target {self.target!r} is not auto or one of {', '.join(TARGETS)}")
+            raise ValueError(f"--target {self.target!r} is not auto or one of {', '.join(TARGETS)}")
         if self.backend == "torch" and (self.tuned_configs is not None or self.allow_default_configs
                                         or self.target != "auto"):
             raise ValueError("--tuned-configs, --allow-default-configs and --target choose kernel configs of the "
                              "cuda/triton backends; the torch backend has none")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _has_gpu() -> bool:
+    import torch  # here, not at import: the command line parses without loading torch
+
+    return torch.cuda.is_available()
 
 
 PRESETS: dict[str, dict] = {
@@ -101,9 +128,29 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def _subset(text: str) -> int:
+    """--train-subset: 0, the field's "all", is what leaving the flag out means."""
+    images = SPECS["train_images"].count
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= images:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {images} (the training set's size)")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, as every refusal of the trainer (argparse's own prints the usage block first)."""
+        if message.startswith("unrecognized arguments"):
+            message += f"; {self.prog} --help lists the flags"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
     d = Config()
-    p = argparse.ArgumentParser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
+    p = _Parser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
     # Flags default to None so that only flags given explicitly override a preset.
     p.add_argument("--preset", choices=sorted(PRESETS), help="named bundle of settings; explicit flags win")
     p.add_argument("--backend", choices=BACKENDS,
@@ -115,11 +162,11 @@ def parser() -> argparse.ArgumentParser:
     run_len = p.add_mutually_exclusive_group()
     run_len.add_argument("--epochs", type=int, help=f"default {d.epochs}")
     run_len.add_argument("--steps", type=int, help="train exactly this many steps (>= 1) instead of whole epochs")
-    p.add_argument("--lr", type=float, help=f"> 0 (default {d.lr})")
+    p.add_argument("--lr", type=float, help=f"> 0, within fp32's range (default {d.lr})")
     p.add_argument("--momentum", type=float, help=f"in [0, 1) (default {d.momentum})")
     p.add_argument("--weight-decay", type=float, help=f">= 0 (default {d.weight_decay})")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help=f"default {d.dtype}")
-    p.add_argument("--seed", type=int, help=f"default {d.seed}")
+    p.add_argument("--seed", type=int, help=f"0 to 2**64 - 1 (default {d.seed})")
     p.add_argument("--tuned-configs", help="tuned config store (JSON) for the cuda/triton kernels "
                                      "(default <out>/<target>/best.json if it exists; 'none': default configs)")
     p.add_argument("--target", help=f"cuda/triton: target the configs were tuned for, auto or one of "
@@ -128,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
                    help="if the config store is invalid, warn and run on default configs")
     p.add_argument("--data-dir", help="directory of the MNIST IDX .gz files (default: the copy installed "
                                       "with the trainer, trainer/mnist)")
-    p.add_argument("--train-subset", type=int,
+    p.add_argument("--train-subset", type=_subset,
                    help=f"train on the first N images only, 1..{SPECS['train_images'].count} (default: all)")
     p.add_argument("--out", help=f"output root; runs go to <out>/runs/ (default {d.out})")
     p.add_argument("--no-graph", dest="graph", action="store_const", const=False,
@@ -159,4 +206,4 @@ def from_args(argv: list[str] | None = None) -> Config:
     try:
         return Config(**values)
     except ValueError as e:
-        parser().error(str(e))  # exits 2 with the usage line, as for any bad flag
+        parser().error(str(e))  # exits 2, as for any bad flag

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import sys
 
-import torch
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
-from kernels_core.contract import LabelError
-from trainer.backends import NeedsGpu
-from trainer.config import from_args
-from trainer.tuned_configs import ConfigStoreRefused
-from trainer.data import MnistDataError
-from trainer.train import Diverged, RunError, train
+try:  # a Ctrl-C while these load (torch takes a second or more) ends as one later does
+    import torch
+
+    from kernels_core.contract import LabelError
+    from trainer.backends import NeedsGpu
+    from trainer.config import from_args
+    from trainer.tuned_configs import ConfigStoreRefused
+    from trainer.data import MnistDataError
+    from trainer.train import Diverged, RunError, train
+except KeyboardInterrupt:
+    if __name__ != "__main__":
+        raise  # imported by another program: its Ctrl-C is its own to report
+    print("interrupted", file=sys.stderr)
+    sys.exit(INTERRUPTED)
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -25,15 +33,14 @@ def _out_of_memory(e: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = from_args(argv)
     try:
-        summary = train(config)
+        summary = train(from_args(argv))
     except (MnistDataError, ConfigStoreRefused, NeedsGpu, Diverged, RunError, LabelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(str(e) or "interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except RuntimeError as e:
         if not _out_of_memory(e):
             raise

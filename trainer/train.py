@@ -170,6 +170,15 @@ def _run_path(runs: Path, config: Config) -> Path:
     return path
 
 
+def _rows_in(csv_path: Path) -> int:
+    """The whole rows a run's CSV holds (a full disk may have cut the last one short)."""
+    try:
+        with open(csv_path, newline="") as written:
+            return max(0, sum(1 for line in written if line.endswith("\n")) - 1)  # less the header
+    except OSError:
+        return 0
+
+
 def train(config: Config) -> Summary:
     runs = _runs_dir(config)
     device, data, backend, configs, batches, stepper = _build(config)
@@ -190,78 +199,82 @@ def train(config: Config) -> Summary:
     step, train_seconds, to_98, acc = 0, 0.0, None, float("nan")
     all_times: list[float] = []
     last_loss = float("nan")
-    with open(csv_path, "w", newline="") as f, tqdm(total=total, disable=not config.progress,
-                                                    desc=f"{config.backend} h{config.hidden}") as bar:
-        out = csv.writer(f)
-        out.writerow(["step", "epoch", "loss", "step_time_us"])
+    try:
+        with open(csv_path, "w", newline="") as f, tqdm(total=total, disable=not config.progress,
+                                                        desc=f"{config.backend} h{config.hidden}") as bar:
+            out = csv.writer(f)
+            out.writerow(["step", "epoch", "loss", "step_time_us"])
 
-        def record(begin: int, end: int) -> tuple[list[float], list[float]]:
-            """Writes slots [begin, end) of this epoch to the CSV; after a device sync."""
-            # A label the loss kernels could not use makes the loss NaN: say so, not "lower the lr".
-            check_labels(device)
-            losses = stepper.losses[begin:end].tolist()
-            times = timer.read_us(begin, end)
-            for i, (loss, us) in enumerate(zip(losses, times)):
-                out.writerow([step + i + 1, epoch, f"{loss:.7g}", f"{us:.2f}"])
-                if not math.isfinite(loss):
-                    f.flush()
-                    raise Diverged(f"loss became {loss} at step {step + i + 1} (epoch {epoch}); "
-                                   f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
-            return losses, times
+            def record(begin: int, end: int) -> tuple[list[float], list[float]]:
+                """Writes slots [begin, end) of this epoch to the CSV; after a device sync."""
+                # A label the loss kernels could not use makes the loss NaN: say so, not "lower the lr".
+                check_labels(device)
+                losses = stepper.losses[begin:end].tolist()
+                times = timer.read_us(begin, end)
+                for i, (loss, us) in enumerate(zip(losses, times)):
+                    out.writerow([step + i + 1, epoch, f"{loss:.7g}", f"{us:.2f}"])
+                    if not math.isfinite(loss):
+                        f.flush()
+                        raise Diverged(f"loss became {loss} at step {step + i + 1} (epoch {epoch}); "
+                                       f"run stopped, steps so far in {csv_path}. Try a lower --lr.")
+                f.flush()  # on disk at once: a crash or a full disk later loses none of them
+                return losses, times
 
-        # Ctrl-C from here on names the CSV and how many steps it holds, wherever it lands: in a
-        # step loop (whose issued steps are written first), or between them (a segment's rows, the
-        # test-set accuracy, a new epoch). The count is the CSV's own, read back once it is flushed.
-        try:
-            epoch = 0
-            while step < total:
-                epoch += 1
-                batches.new_epoch()
-                epoch_steps, epoch_losses, epoch_seconds = min(spe, total - step), [], 0.0
-                begin = 0
-                while begin < epoch_steps:
-                    end = min(epoch_steps, begin + eval_every - (step % eval_every))
-                    _sync(device)
-                    t = time.perf_counter()
-                    done = begin  # slots whose step has been issued completely
-                    first = begin  # the first slot of the timed group in flight
-                    try:
-                        for slot in range(begin, end):
-                            if slot == first:
-                                timer.start(first)
-                            stepper()
-                            done = slot + 1
-                            bar.update()
-                            if done - first == StepTimer.GROUP or done == end:
+            # Ctrl-C from here on names the CSV and how many steps it holds, wherever it lands: in a
+            # step loop (whose issued steps are written first), or between them (a segment's rows, the
+            # test-set accuracy, a new epoch). The count is the CSV's own, read back once it is flushed.
+            try:
+                epoch = 0
+                while step < total:
+                    epoch += 1
+                    batches.new_epoch()
+                    epoch_steps, epoch_losses, epoch_seconds = min(spe, total - step), [], 0.0
+                    begin = 0
+                    while begin < epoch_steps:
+                        end = min(epoch_steps, begin + eval_every - (step % eval_every))
+                        _sync(device)
+                        t = time.perf_counter()
+                        done = begin  # slots whose step has been issued completely
+                        first = begin  # the first slot of the timed group in flight
+                        try:
+                            for slot in range(begin, end):
+                                if slot == first:
+                                    timer.start(first)
+                                stepper()
+                                done = slot + 1
+                                bar.update()
+                                if done - first == StepTimer.GROUP or done == end:
+                                    timer.stop(first, done - first)
+                                    first = done
+                            _sync(device)
+                        except KeyboardInterrupt:
+                            if done > first:  # the group in flight, cut short
                                 timer.stop(first, done - first)
-                                first = done
-                        _sync(device)
-                    except KeyboardInterrupt:
-                        if done > first:  # the group in flight, cut short
-                            timer.stop(first, done - first)
-                        _sync(device)
-                        record(begin, done)
-                        raise
-                    seconds = time.perf_counter() - t
-                    train_seconds += seconds
-                    epoch_seconds += seconds
+                            _sync(device)
+                            record(begin, done)
+                            raise
+                        seconds = time.perf_counter() - t
+                        train_seconds += seconds
+                        epoch_seconds += seconds
 
-                    losses, times = record(begin, end)
-                    step += end - begin
-                    epoch_losses += losses
-                    all_times += times
-                    last_loss = losses[-1]
-                    acc = accuracy(backend.weights(), data.test_x, data.test_y)
-                    if to_98 is None and acc >= TARGET_ACCURACY:
-                        to_98 = train_seconds
-                    begin = end
-                bar.write(f"epoch {epoch}: train loss {statistics.fmean(epoch_losses):.4f}  "
-                          f"test acc {acc:.2%}  {epoch_seconds:.2f}s")
-        except KeyboardInterrupt:
-            f.flush()
-            with open(csv_path) as written:
-                rows = sum(1 for _ in written) - 1  # less the header
-            raise Interrupted(f"interrupted at step {rows}; the steps so far are in {csv_path}") from None
+                        losses, times = record(begin, end)
+                        step += end - begin
+                        epoch_losses += losses
+                        all_times += times
+                        last_loss = losses[-1]
+                        acc = accuracy(backend.weights(), data.test_x, data.test_y)
+                        if to_98 is None and acc >= TARGET_ACCURACY:
+                            to_98 = train_seconds
+                        begin = end
+                    bar.write(f"epoch {epoch}: train loss {statistics.fmean(epoch_losses):.4f}  "
+                              f"test acc {acc:.2%}  {epoch_seconds:.2f}s")
+            except KeyboardInterrupt:
+                f.flush()
+                raise Interrupted(f"interrupted at step {_rows_in(csv_path)}; "
+                                  f"the steps so far are in {csv_path}") from None
+    except OSError as e:  # a full disk: the rows flushed before it stay, and the line says where
+        raise RunError(f"cannot write the run's outputs ({e.strerror or e}); the steps so far, "
+                       f"{_rows_in(csv_path)} of them, are in {csv_path}") from None
 
     summary = Summary(
         backend=config.backend, hidden=config.hidden, layers=config.layers, batch_size=config.batch_size,
@@ -272,9 +285,15 @@ def train(config: Config) -> Summary:
         ops_per_step=stepper.ops_per_step, config_source=configs.sources() if configs else "n/a",
         csv=str(csv_path), provenance=provenance(),
     )
+    # A --steps run ran steps, not the default epochs its config still holds.
+    ran = {**asdict(config), "epochs": None} if config.steps is not None else asdict(config)
     summary_path = csv_path.with_suffix(".json")
-    summary_path.write_text(json.dumps({"summary": asdict(summary), "config": asdict(config),
-                                        "kernel_configs": configs.table() if configs else None}, indent=2))
+    try:
+        summary_path.write_text(json.dumps({"summary": asdict(summary), "config": ran,
+                                            "kernel_configs": configs.table() if configs else None}, indent=2))
+    except OSError as e:
+        raise RunError(f"cannot write {summary_path} ({e.strerror or e}); the run's {step} steps are in "
+                       f"{csv_path}") from None
     return summary
 
 
