@@ -24,12 +24,19 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from kernels_core.loading import INTERRUPTED, ctrl_c_ends_the_command
 
-from trainer.config import Config
-from trainer.data import SPECS
+with ctrl_c_ends_the_command(__name__ == "__main__"):
+    import torch
+
+    from trainer.config import Config, OneLineParser
+    from trainer.data import SPECS
 
 OUT = Path(Config.out)  # the tools' default --out, under the working directory
+
+
+class CommandInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a command ran; that command has reported it."""
 
 
 def run(cmd: list[str], results: list) -> bool:
@@ -37,7 +44,14 @@ def run(cmd: list[str], results: list) -> bool:
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
-    ok = subprocess.run(cmd).returncode == 0
+    command = subprocess.Popen(cmd)
+    try:
+        ok = command.wait() == 0
+    except KeyboardInterrupt:
+        # A Ctrl-C reaches the whole process group: the command stops on its own and says in one
+        # line what it kept, which it could not if it were killed first.
+        command.wait()
+        raise CommandInterrupted from None
     new = sorted(set((OUT / "runs").glob("*.json")) - before)
     summary = json.loads(new[-1].read_text())["summary"] if ok and new else None
     results.append((shlex.join(cmd[2:]), "ok" if ok else "FAILED", time.time() - t0, summary))
@@ -63,10 +77,31 @@ def summary_lines(results: list, outputs: list[str], skipped: list[str], next_cm
     return lines
 
 
+def _trials(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Short tuning run plus MNIST training (the README's main job).")
-    ap.add_argument("--trials", type=int, default=12, help="tuning trials per study (GPU)")
+    ap = OneLineParser(prog="python -m experiments.quickstart",
+                       description="Short tuning run plus MNIST training (the README's main job).")
+    ap.add_argument("--trials", type=_trials, default=12, help="tuning trials per study (GPU; default 12)")
     args = ap.parse_args(argv)
+    try:
+        return _quickstart(args)
+    except CommandInterrupted:
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _quickstart(args: argparse.Namespace) -> int:
     py = sys.executable
     results: list = []
     skipped: list[str] = []

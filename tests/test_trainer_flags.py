@@ -12,7 +12,11 @@ import errno
 import importlib
 import io
 import json
-import runpy
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,12 +27,14 @@ from trainer import config as trainer_config
 from trainer.config import from_args, parser
 from trainer.run import main
 
+REPO = Path(__file__).resolve().parent.parent
 train_module = importlib.import_module("trainer.train")  # the module; `trainer.train` the package exports is the function
 
 EXTREMES = ("0", "-0", "1e-320", "1e39", "1e308", "inf", "nan", str(2**64), "abc")
 FLOAT_FLAGS = ("--lr", "--momentum", "--weight-decay")
 INT_FLAGS = ("--hidden", "--layers", "--batch-size", "--epochs", "--steps", "--seed", "--train-subset",
              "--eval-every")
+FP32 = np.finfo(np.float32)
 TINY = dict(hidden=16, layers=1, batch_size=16, steps=6, eval_every=2, train_subset=256, progress=False)
 
 
@@ -72,10 +78,22 @@ def test_the_values_a_user_met_as_tracebacks_or_silent_no_ops_are_refused(flag, 
     assert exc.value.code == 2 and flag in capsys.readouterr().err
 
 
-def test_the_largest_values_of_each_range_are_taken():
-    config = from_args(["--lr", "3.4e38", "--weight-decay", "1.2e-38", "--momentum", "0.999", "--seed",
+def test_the_bounds_the_messages_and_help_print_are_taken():
+    config = from_args(["--lr", "3.4e+38", "--weight-decay", "1.18e-38", "--momentum", "0.99999994", "--seed",
                         str(2**64 - 1), "--train-subset", "60000", "--hidden", str(2**31 - 1)])
+    assert (config.lr, config.weight_decay, config.momentum) == (3.4e38, 1.18e-38, 0.99999994)
     assert config.seed == 2**64 - 1 and config.train_subset == 60000 and config.hidden == 2**31 - 1
+
+
+@pytest.mark.parametrize("hyper, code", [
+    (["--lr", str(float(FP32.max)), "--weight-decay", str(float(FP32.max)), "--momentum", "0.99999994"], 1),  # diverges
+    (["--lr", str(float(FP32.tiny)), "--weight-decay", str(float(FP32.tiny)), "--seed", str(2**64 - 1)], 0),
+])
+def test_the_extremes_taken_train_or_stop_in_one_line(hyper, code, tmp_path, capsys):
+    assert main([*hyper, "--out", str(tmp_path), "--no-progress", "--hidden", "16", "--layers", "1", "--batch-size",
+                 "16", "--steps", "2", "--train-subset", "256"]) == code
+    err = capsys.readouterr().err
+    assert ("loss became nan" in err and len(err.splitlines()) == 1) if code else err == "", err
 
 
 @pytest.mark.parametrize("has_gpu", [False, True])
@@ -90,22 +108,37 @@ def test_torch_graph_needs_a_gpu(has_gpu, monkeypatch, capsys):
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "needs a GPU" in err, err
 
 
-@pytest.mark.filterwarnings("ignore:'trainer.run' found in sys.modules:RuntimeWarning")  # run as __main__ anew
-def test_ctrl_c_while_torch_loads_ends_in_one_line_and_130(monkeypatch, capsys):
-    """As `python -m trainer.run` runs it, with its `import torch` cut by a Ctrl-C."""
-    real = builtins.__import__
+CTRL_C_AT_TORCH = """\
+import os, signal, sys
 
-    def interrupted(name, *args, **kwargs):
+class CtrlCAtTorch:
+    # A real SIGINT, as a terminal sends it, the moment the first `import torch` starts: no timer.
+    def find_spec(self, name, path=None, target=None):
         if name == "torch":
-            raise KeyboardInterrupt
-        return real(name, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
 
-    monkeypatch.setattr(builtins, "__import__", interrupted)
-    with pytest.raises(SystemExit) as exc:
-        runpy.run_module("trainer.run", run_name="__main__")
-    assert exc.value.code == 130 and capsys.readouterr().err == "interrupted\n"
-    with pytest.raises(KeyboardInterrupt):  # a program importing the trainer reports its own Ctrl-C
-        runpy.run_module("trainer.run", run_name="trainer.run_imported")
+sys.meta_path.insert(0, CtrlCAtTorch())
+"""
+
+
+def python_ctrl_c_at_torch(args: list[str], tmp_path: Path, interruptible) -> subprocess.CompletedProcess:
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_AT_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60, preexec_fn=interruptible)
+
+
+@pytest.mark.parametrize("command", [["-m", "trainer.run", "--steps", "1", "--no-progress"],
+                                     ["-m", "experiments.quickstart"]])
+def test_ctrl_c_while_torch_loads_ends_in_one_line_and_130(command, tmp_path, interruptible):
+    ran = python_ctrl_c_at_torch(command, tmp_path, interruptible)
+    assert (ran.returncode, ran.stderr, ran.stdout) == (130, "interrupted\n", "")
+
+
+def test_a_program_importing_the_trainer_reports_its_own_ctrl_c(tmp_path, interruptible):
+    ran = python_ctrl_c_at_torch(["-c", "import trainer"], tmp_path, interruptible)
+    assert ran.returncode == -signal.SIGINT and ran.stderr.endswith("KeyboardInterrupt\n"), ran.stderr
 
 
 def test_a_full_disk_keeps_the_rows_written_and_says_where_they_are(tmp_path, monkeypatch, capsys):

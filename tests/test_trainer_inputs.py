@@ -22,21 +22,24 @@ train_module = importlib.import_module("trainer.train")  # the module; `trainer.
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--lr", "-1"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got -1.0"),
-    (["--lr", "0"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got 0.0"),
-    (["--lr", "nan"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got nan"),
-    (["--lr", "inf"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got inf"),
-    (["--lr", "1e39"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got 1e+39"),
-    (["--lr", "1e308"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got 1e+308"),
-    (["--lr", "1e-320"], "--lr must be from 1.175e-38 to 3.403e+38 (fp32's normal range), got 1e-320"),
-    (["--momentum", "-0.5"], "--momentum must be 0 or from 1.175e-38 to below 1, got -0.5"),
-    (["--momentum", "1"], "--momentum must be 0 or from 1.175e-38 to below 1, got 1.0"),
-    (["--momentum", "nan"], "--momentum must be 0 or from 1.175e-38 to below 1, got nan"),
-    (["--weight-decay", "-0.0001"], "--weight-decay must be 0 or from 1.175e-38 to 3.403e+38 (fp32's normal "
-                                    "range), got -0.0001"),
-    (["--weight-decay", "nan"], "--weight-decay must be 0 or from 1.175e-38"),
-    (["--weight-decay", "1e39"], "--weight-decay must be 0 or from 1.175e-38 to 3.403e+38 (fp32's normal range), "
-                                 "got 1e+39"),
+    (["--lr", "-1"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range: the step applies it in fp32), "
+                     "got -1.0"),
+    (["--lr", "0"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "nan"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "inf"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "1e39"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "1e308"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "1e-320"], "--lr must be from 1.18e-38 to 3.4e+38 (fp32's normal range"),
+    (["--lr", "3.40282347e+38"], "--lr must be from 1.18e-38 to 3.4e+38"),  # rounds to fp32's largest; torch refuses it
+    (["--momentum", "-0.5"], "--momentum must be 0 or from 1.18e-38 to 0.99999994 (fp32's normal range: the step "
+                             "applies it in fp32, where anything closer to 1 is 1), got -0.5"),
+    (["--momentum", "1"], "--momentum must be 0 or from 1.18e-38 to 0.99999994"),
+    (["--momentum", "0.99999999"], "--momentum must be 0 or from 1.18e-38 to 0.99999994"),
+    (["--momentum", "nan"], "--momentum must be 0 or from 1.18e-38 to 0.99999994"),
+    (["--weight-decay", "-0.0001"], "--weight-decay must be 0 or from 1.18e-38 to 3.4e+38 (fp32's normal range: "
+                                    "the step applies it in fp32), got -0.0001"),
+    (["--weight-decay", "nan"], "--weight-decay must be 0 or from 1.18e-38"),
+    (["--weight-decay", "1e39"], "--weight-decay must be 0 or from 1.18e-38 to 3.4e+38"),
     (["--seed", "99999999999999999999999"], "--seed must be a whole number from 0 to 2**64 - 1, "
                                             "got 99999999999999999999999"),
     (["--seed", "-1"], "--seed must be a whole number from 0 to 2**64 - 1, got -1"),
@@ -50,7 +53,7 @@ train_module = importlib.import_module("trainer.train")  # the module; `trainer.
     (["--backend", "triton", "--target", "sm_99"], "--target 'sm_99' is not auto or one of sm_75, sm_80"),
     (["--no-graph"], "--no-graph applies to the cuda and triton backends only"),
     (["--out", ""], "--out must name a folder, got ''"),
-    (["--out", "  "], "--out must name a folder, got ''"),
+    (["--out", "  "], "--out must name a folder, got '  '"),
     (["--tuned-configs", "best.json"], "the torch backend has none"),
     (["--backend", "torch", "--allow-default-configs"], "the torch backend has none"),
     (["--backend", "torch", "--target", "sm_90"], "the torch backend has none"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from experiments import quickstart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,3 +31,51 @@ def test_summary_names_outputs_accuracy_step_time_and_the_next_command(tmp_path,
     assert "outputs: experiments/runs/ (runs)" in lines and "skipped: the cuda backend" in lines
     assert lines[-1] == "next:    python -m x"
     assert any(line.startswith("FAILED") and "SystemExit(3)" in line for line in lines)
+
+
+@pytest.mark.parametrize("argv", [["--trials", "0"], ["--trials", "-1"], ["--trials", "abc"], ["--trails", "3"]])
+def test_a_bad_flag_is_one_line_and_runs_nothing(argv, monkeypatch, capsys):
+    monkeypatch.setattr(quickstart.subprocess, "Popen", lambda cmd: pytest.fail(f"ran {cmd}"))
+    with pytest.raises(SystemExit) as exc:
+        quickstart.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("python -m experiments.quickstart: error: ") and argv[0] in err, err
+
+
+def main_not_raising() -> int:
+    try:
+        return quickstart.main([])
+    except KeyboardInterrupt:  # left to escape, it would stop the whole test session
+        pytest.fail("Ctrl-C escaped quickstart.main as a traceback")
+
+
+def test_ctrl_c_waits_for_the_command_to_report_it_and_ends_in_130(tmp_path, monkeypatch, capsys):
+    waits = []
+
+    class CtrlCInTheCommand:
+        """A command the Ctrl-C reached as well: it ends with 130 once it has said what it kept."""
+
+        def __init__(self, cmd):
+            pass
+
+        def wait(self):
+            waits.append(1)
+            if len(waits) == 1:
+                raise KeyboardInterrupt
+            return 130
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(quickstart.subprocess, "Popen", CtrlCInTheCommand)
+    assert main_not_raising() == 130
+    out, err = capsys.readouterr()
+    assert len(waits) == 2 and err == "" and "summary" not in out  # the command's own line is the one
+
+
+def test_ctrl_c_between_commands_is_one_line_and_130(tmp_path, monkeypatch, capsys):
+    def interrupted(cmd):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(quickstart.subprocess, "Popen", interrupted)
+    assert main_not_raising() == 130 and capsys.readouterr().err == "interrupted\n"

@@ -14,6 +14,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from autotune.targets import TARGETS
 from kernels_core.backends import BUILTIN
 from kernels_core.contract import MAX_DIM
@@ -21,6 +23,7 @@ from trainer.data import DEFAULT_DIR, SPECS
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
 FP32_TINY, FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # fp32's smallest normal, largest finite
+MOMENTUM_BELOW = 1 - 2**-25  # fp32 rounds this and anything above it to 1: no decay
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor captures its own CUDA graphs
@@ -71,7 +74,7 @@ class Config:
         if self.torch_graph and not _has_gpu():
             raise ValueError("--torch-graph captures the step in a CUDA graph, which needs a GPU; there is none here")
         if not self.out.strip():
-            raise ValueError("--out must name a folder, got ''")
+            raise ValueError(f"--out must name a folder, got {self.out!r}")
         for name in ("hidden", "batch_size"):
             if not 1 <= getattr(self, name) <= MAX_DIM:
                 raise ValueError(f"{_flag(name)} must be from 1 to {MAX_DIM}, got {getattr(self, name)}")
@@ -87,16 +90,17 @@ class Config:
             raise ValueError(f"--seed must be a whole number from 0 to 2**64 - 1, got {self.seed}")
         # Checked here, once, for every backend: torch.optim.SGD lets NaN through and raises on a
         # negative lr, the kernel backends would train on anything, and both apply the values in
-        # fp32, where a value past its largest overflows and one below its smallest normal is 0 or
-        # loses its precision (comparisons with NaN are False, so NaN is refused too).
+        # fp32: torch refuses one past fp32's largest (with a traceback from deep in the step), and
+        # one below its smallest normal is 0 or loses its precision. NaN fails every comparison.
+        fp32 = "fp32's normal range: the step applies it in fp32"
         if not FP32_TINY <= self.lr <= FP32_MAX:
-            raise ValueError(f"--lr must be from {FP32_TINY:.4g} to {FP32_MAX:.4g} (fp32's normal range), "
-                             f"got {self.lr}")
-        if not (self.momentum == 0 or FP32_TINY <= self.momentum < 1):
-            raise ValueError(f"--momentum must be 0 or from {FP32_TINY:.4g} to below 1, got {self.momentum}")
+            raise ValueError(f"--lr must be from {FP32_TINY:.3g} to {FP32_MAX:.3g} ({fp32}), got {self.lr}")
+        if not (self.momentum == 0 or FP32_TINY <= self.momentum < MOMENTUM_BELOW):
+            raise ValueError(f"--momentum must be 0 or from {FP32_TINY:.3g} to {1 - 2**-24:.8g} ({fp32}, where "
+                             f"anything closer to 1 is 1), got {self.momentum}")
         if not (self.weight_decay == 0 or FP32_TINY <= self.weight_decay <= FP32_MAX):
-            raise ValueError(f"--weight-decay must be 0 or from {FP32_TINY:.4g} to {FP32_MAX:.4g} (fp32's normal "
-                             f"range), got {self.weight_decay}")
+            raise ValueError(f"--weight-decay must be 0 or from {FP32_TINY:.3g} to {FP32_MAX:.3g} ({fp32}), "
+                             f"got {self.weight_decay}")
         images = SPECS["train_images"].count
         if not 0 <= self.train_subset <= images:
             raise ValueError(f"--train-subset must be from 1 to {images} (the training set's size), "
@@ -117,13 +121,11 @@ def _flag(field: str) -> str:
 
 
 def _has_gpu() -> bool:
-    import torch  # here, not at import: the command line parses without loading torch
-
     return torch.cuda.is_available()
 
 
 PRESETS: dict[str, dict] = {
-    # The seed run of the issue: a deeper net, small batches, plain SGD in fp16.
+    # The seed project's protocol: a deeper net, small batches, plain SGD in fp16.
     "seed": dict(layers=3, batch_size=32, lr=0.003, momentum=0.0, steps=5000, dtype="fp16"),
 }
 
@@ -140,9 +142,9 @@ def _subset(text: str) -> int:
     return value
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
-        """One line, as every refusal of the trainer (argparse's own prints the usage block first)."""
+        """One line, as every refusal of the lab's commands (argparse's own prints the usage block first)."""
         if message.startswith("unrecognized arguments"):
             message += f"; {self.prog} --help lists the flags"
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -150,7 +152,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     d = Config()
-    p = _Parser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
+    p = OneLineParser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
     # Flags default to None so that only flags given explicitly override a preset.
     p.add_argument("--preset", choices=sorted(PRESETS), help="named bundle of settings; explicit flags win")
     p.add_argument("--backend", choices=BACKENDS,
@@ -162,11 +164,13 @@ def parser() -> argparse.ArgumentParser:
     run_len = p.add_mutually_exclusive_group()
     run_len.add_argument("--epochs", type=int, help=f"default {d.epochs}")
     run_len.add_argument("--steps", type=int, help="train exactly this many steps (>= 1) instead of whole epochs")
-    p.add_argument("--lr", type=float, help=f"> 0, within fp32's range (default {d.lr})")
-    p.add_argument("--momentum", type=float, help=f"in [0, 1) (default {d.momentum})")
-    p.add_argument("--weight-decay", type=float, help=f">= 0 (default {d.weight_decay})")
+    normal = f"{FP32_TINY:.3g} to {FP32_MAX:.3g}, fp32's normal range"
+    p.add_argument("--lr", type=float, help=f"{normal} (default {d.lr})")
+    p.add_argument("--momentum", type=float, help=f"0, or {FP32_TINY:.3g} to {1 - 2**-24:.8g}, fp32's largest below 1 "
+                                                  f"(default {d.momentum})")
+    p.add_argument("--weight-decay", type=float, help=f"0, or {normal} (default {d.weight_decay})")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), help=f"default {d.dtype}")
-    p.add_argument("--seed", type=int, help=f"0 to 2**64 - 1 (default {d.seed})")
+    p.add_argument("--seed", type=int, help=f"0 to 2**64 - 1, the seeds torch's generators take (default {d.seed})")
     p.add_argument("--tuned-configs", help="tuned config store (JSON) for the cuda/triton kernels "
                                      "(default <out>/<target>/best.json if it exists; 'none': default configs)")
     p.add_argument("--target", help=f"cuda/triton: target the configs were tuned for, auto or one of "

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+import torch
 
-try:  # a Ctrl-C while these load (torch takes a second or more) ends as one later does
-    import torch
-
-    from kernels_core.contract import LabelError
-    from trainer.backends import NeedsGpu
-    from trainer.config import from_args
-    from trainer.tuned_configs import ConfigStoreRefused
-    from trainer.data import MnistDataError
-    from trainer.train import Diverged, RunError, train
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise  # imported by another program: its Ctrl-C is its own to report
-    print("interrupted", file=sys.stderr)
-    sys.exit(INTERRUPTED)
+from kernels_core.contract import LabelError
+from kernels_core.loading import INTERRUPTED
+from trainer.backends import NeedsGpu
+from trainer.config import from_args
+from trainer.tuned_configs import ConfigStoreRefused
+from trainer.data import MnistDataError
+from trainer.train import Diverged, RunError, train
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -59,7 +59,7 @@ class Summary:
     batch_size: int
     dtype: str
     steps: int
-    epochs: float
+    epochs: float  # epochs run, a fraction for a --steps run (whose config records epochs as null)
     test_accuracy: float
     train_seconds: float
     setup_seconds: float
