@@ -38,7 +38,8 @@ def git_commit() -> str:
     if os.environ.get("SOURCE_COMMIT"):
         return os.environ["SOURCE_COMMIT"]
     if not (REPO / ".git").exists():
-        return f"kernel-lab {_version('kernel-lab') or 'of unknown version'}, installed (no git checkout)"
+        version = _version("kernel-lab")
+        return f"kernel-lab {version}, installed (no git checkout)" if version else "no git checkout, no SOURCE_COMMIT"
     try:
         out = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],

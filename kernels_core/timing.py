@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -159,7 +160,11 @@ def device_ops(call: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        # torch's note that a profiler cycle keeps only its own events: what this count wants, and
+        # noise on the trainer's stderr, whose messages are one line each.
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)

@@ -178,11 +178,15 @@ def test_the_run_json_records_what_ran(tmp_path, monkeypatch):
     assert saved["summary"]["steps"] == 6 and saved["summary"]["provenance"]["commit"] != "unknown"
 
 
-def test_an_installed_copy_records_its_version_not_unknown(tmp_path, monkeypatch):
+@pytest.mark.parametrize("version, commit", [("0.1.0", "kernel-lab 0.1.0, installed (no git checkout)"),
+                                             ("", "no git checkout, no SOURCE_COMMIT")])
+def test_an_installed_copy_records_its_version_not_unknown(version, commit, tmp_path, monkeypatch):
     monkeypatch.delenv("SOURCE_COMMIT", raising=False)
-    monkeypatch.setattr(provenance, "REPO", tmp_path)  # no .git: as in site-packages
-    commit = provenance.git_commit()
-    assert commit.startswith("kernel-lab ") and "installed" in commit and "unknown" not in commit
+    monkeypatch.setattr(provenance, "REPO", tmp_path)  # no .git: as in site-packages, or a bare copy
+    monkeypatch.setattr(provenance, "_version", lambda dist: version if dist == "kernel-lab" else "")
+    assert provenance.git_commit() == commit
+    monkeypatch.setenv("SOURCE_COMMIT", "abc1234")
+    assert provenance.git_commit() == "abc1234"
 
 
 @pytest.mark.parametrize("seconds, shown", [(0.4, "0 s"), (52.3, "52 s"), (119, "119 s"), (121, "2 min"),
