@@ -47,6 +47,7 @@ try:  # a Ctrl-C while these load (torch takes a second or more) ends as one lat
     from autotune.evaluate import Evaluator
     from autotune.worker_pool import WorkerStartError
     from autotune.workload import SGD_HYPER, metric, throughput
+    from kernels_core.cli import OneLineParser, whole_number
     from kernels_core.contract import DTYPES, MAX_DIM
 except KeyboardInterrupt:
     if __name__ != "__main__":
@@ -107,21 +108,6 @@ def _momentum(text: str) -> float:
     return value
 
 
-def _whole(low: int, high: int | None = None):
-    """An argparse type: a whole number from `low` to `high` (no bound when None)."""
-    allowed = f"from {low} to {high}" if high is not None else f">= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number {allowed}")
-        return value
-    return parse
-
-
 def _widths(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(w) for w in text.split(","))
@@ -133,13 +119,9 @@ def _widths(text: str) -> tuple[int, ...]:
     return widths
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        # argparse's own prints the usage first; every refusal of the tuner is one line, which says
-        # what is allowed (argparse's lists the choices, but not the flags for an unknown one)
-        if message.startswith("unrecognized arguments"):
-            message += f"; {self.prog} --help lists the flags"
-        console.error(message)
+class _Parser(OneLineParser):
+    def refuse(self, message: str):
+        console.error(message)  # the tuner's one prefix, whatever the message holds
         self.exit(2)
 
 
@@ -159,9 +141,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"shapes of the trainer's calls (default {SEARCH_ONLY['workload']}; not with --shapes)")
     p.add_argument("--hidden", type=_widths, help="mnist-mlp hidden width, or a comma list of widths tuned in one "
                    f"run (default {SEARCH_ONLY['hidden'][0]}; not with --shapes)")
-    p.add_argument("--layers", type=_whole(1, MAX_LAYERS),
+    p.add_argument("--layers", type=whole_number(1, MAX_LAYERS),
                    help=f"mnist-mlp hidden layers (default {SEARCH_ONLY['layers']}; not with --shapes)")
-    p.add_argument("--batch-size", type=_whole(1, MAX_DIM),
+    p.add_argument("--batch-size", type=whole_number(1, MAX_DIM),
                    help=f"mnist-mlp batch size (default {SEARCH_ONLY['batch_size']}; not with --shapes)")
     p.add_argument("--momentum", type=_momentum,
                    help="the trainer's SGD momentum, for sgd_update and linear_sgd: 0 (the seed protocol's) tunes "
@@ -169,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
                         f"(default {SEARCH_ONLY['momentum']})")
     p.add_argument("--shapes", help="e.g. 4096x4096x4096,128x1024x784:tn (matmul, layout nn by default), "
                    "128x1024 (row ops), 1863690 (sgd_update); each op takes the shapes of its rank")
-    p.add_argument("--trials", type=_whole(1, MAX_TRIALS), help=f"measured trials per study (default "
+    p.add_argument("--trials", type=whole_number(1, MAX_TRIALS), help=f"measured trials per study (default "
                    f"{DEFAULT_TRIALS}); with --compile-only, the most configs compiled per op (default 256)")
     p.add_argument("--timeout", type=seconds, default=180.0,
                    help="seconds one trial step (compile, or check + timing) may take before its worker is "
@@ -178,13 +160,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="Optuna RDB URL (default: sqlite:///OUT/tuning.db)")
     p.add_argument("--study-prefix", default="", help="prefix of every study name: new studies (configs measured "
                    "under another prefix are still reused; a new --storage measures everything afresh)")
-    p.add_argument("--seed", type=_whole(0, MAX_SEED), default=0,
+    p.add_argument("--seed", type=whole_number(0, MAX_SEED), default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
                         "or their samplers propose the same configs and spend suggestions on each other's")
-    p.add_argument("--workers", type=_whole(1, MAX_WORKERS), help="worker processes (default: one per visible "
+    p.add_argument("--workers", type=whole_number(1, MAX_WORKERS), help="worker processes (default: one per visible "
                    "GPU; 1 on cpu; compile-only: up to 8); several per GPU overlap compiles, timing stays one at a "
                    "time per GPU")
-    p.add_argument("--max-failures-in-a-row", type=_whole(1), default=MAX_FAILURES_IN_A_ROW,
+    p.add_argument("--max-failures-in-a-row", type=whole_number(1), default=MAX_FAILURES_IN_A_ROW,
                    help="a worker whose trials end this many times in a row with it crashed, hung or unable to "
                         "launch (a lost GPU) gets no more; the search stops when none is left "
                         f"(default {MAX_FAILURES_IN_A_ROW})")

@@ -24,12 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from kernels_core.loading import INTERRUPTED, ctrl_c_ends_the_command
+from kernels_core.cli import INTERRUPTED, OneLineParser, ctrl_c_ends_the_command, whole_number
 
 with ctrl_c_ends_the_command(__name__ == "__main__"):
     import torch
 
-    from trainer.config import Config, OneLineParser
+    from trainer.config import Config
     from trainer.data import SPECS
 
 OUT = Path(Config.out)  # the tools' default --out, under the working directory
@@ -77,20 +77,10 @@ def summary_lines(results: list, outputs: list[str], skipped: list[str], next_cm
     return lines
 
 
-def _trials(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
 def main(argv=None) -> int:
     ap = OneLineParser(prog="python -m experiments.quickstart",
                        description="Short tuning run plus MNIST training (the README's main job).")
-    ap.add_argument("--trials", type=_trials, default=12, help="tuning trials per study (GPU; default 12)")
+    ap.add_argument("--trials", type=whole_number(1), default=12, help="tuning trials per study (GPU; default 12)")
     args = ap.parse_args(argv)
     try:
         return _quickstart(args)

@@ -79,7 +79,8 @@ def _keep_the_fast_tier(config, items):
     for name, group in cases.items():
         sampled.update(random.Random(BASE_SEED ^ zlib.crc32(name.encode())).sample(group, min(MATRIX_SAMPLE, len(group))))
     kept = [i for i in items if "slow" not in i.keywords and ("matrix" not in i.keywords or i in sampled)]
-    left = [i for i in items if i not in set(kept)]
+    chosen = set(kept)
+    left = [i for i in items if i not in chosen]
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

@@ -5,7 +5,7 @@ times one training step for benchmarks. `python -m trainer.run` is the CLI.
 """
 import sys
 
-from kernels_core.loading import ctrl_c_ends_the_command
+from kernels_core.cli import ctrl_c_ends_the_command
 
 # `python -m trainer.run` imports this package, and torch with it, before the command's own code
 # runs; Python documents sys.argv[0] as "-m" until it has found that module.

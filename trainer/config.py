@@ -18,11 +18,12 @@ import torch
 
 from autotune.targets import TARGETS
 from kernels_core.backends import BUILTIN
+from kernels_core.cli import OneLineParser, whole_number
 from kernels_core.contract import MAX_DIM
 from trainer.data import DEFAULT_DIR, SPECS
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
-FP32_TINY, FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # fp32's smallest normal, largest finite
+FP32_TINY, FP32_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max  # smallest normal, largest
 MOMENTUM_BELOW = 1 - 2**-25  # fp32 rounds this and anything above it to 1: no decay
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -130,26 +131,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def _subset(text: str) -> int:
-    """--train-subset: 0, the field's "all", is what leaving the flag out means."""
-    images = SPECS["train_images"].count
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= images:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {images} (the training set's size)")
-    return value
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """One line, as every refusal of the lab's commands (argparse's own prints the usage block first)."""
-        if message.startswith("unrecognized arguments"):
-            message += f"; {self.prog} --help lists the flags"
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def parser() -> argparse.ArgumentParser:
     d = Config()
     p = OneLineParser(prog="python -m trainer.run", description="Train an MLP on MNIST on one backend.")
@@ -179,7 +160,8 @@ def parser() -> argparse.ArgumentParser:
                    help="if the config store is invalid, warn and run on default configs")
     p.add_argument("--data-dir", help="directory of the MNIST IDX .gz files (default: the copy installed "
                                       "with the trainer, trainer/mnist)")
-    p.add_argument("--train-subset", type=_subset,
+    # 0, the field's "all", is what leaving the flag out means.
+    p.add_argument("--train-subset", type=whole_number(1, SPECS["train_images"].count, "the training set's size"),
                    help=f"train on the first N images only, 1..{SPECS['train_images'].count} (default: all)")
     p.add_argument("--out", help=f"output root; runs go to <out>/runs/ (default {d.out})")
     p.add_argument("--no-graph", dest="graph", action="store_const", const=False,

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from kernels_core.contract import LabelError
-from kernels_core.loading import INTERRUPTED
+from kernels_core.cli import INTERRUPTED
 from trainer.backends import NeedsGpu
 from trainer.config import from_args
 from trainer.tuned_configs import ConfigStoreRefused
