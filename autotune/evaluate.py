@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from autotune.worker_pool import WorkerProcess, visible_gpus, worker_env
-from autotune.workload import Call
+from kernels_core.mlp import Call
 
 CPU_BENCH = {"reps": 5, "max_seconds": 0.2}  # interpreter runs: the numbers only need to exist
 GPU_BENCH = {"reps": 100, "max_seconds": 2.0}

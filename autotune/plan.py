@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from kernels_core import backends
-from autotune.targets import Target, resolve_target
-from autotune.workload import OP_RANK, Call, calls_for_shapes, dedupe, mnist_mlp_calls, parse_shapes
+from kernels_core.targets import Target, resolve_target
+from autotune.workload import calls_for_shapes
+from kernels_core.mlp import Call, dedupe, mlp_calls
+from kernels_core.shapes import OP_RANK, parse_shapes
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
 
@@ -75,7 +77,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
             calls = calls_for_shapes(ops, dtype, shapes, args.momentum)
         else:
             calls = dedupe([c for hidden in args.hidden
-                            for c in mnist_mlp_calls(hidden, args.layers, args.batch_size, dtype, momentum=args.momentum)
+                            for c in mlp_calls(hidden, args.layers, args.batch_size, dtype, momentum=args.momentum)
                             if c.op in ops])
         ops_with_calls |= {c.op for c in calls}
         for call in calls:

@@ -40,13 +40,14 @@ try:  # a Ctrl-C while these load (torch takes a second or more) ends as one lat
     from kernels_core.backends import BackendError
     from autotune.plan import Job, Plan, build_plan
     from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
-    from autotune.store import ConfigStore, StoreError, load_store, save_store, store_path
+    from kernels_core.store import ConfigStore, StoreError, load_store, save_store, store_path
     from autotune.studies import SAMPLERS, SearchError, SearchStopped, StudyRunner
-    from autotune.targets import TARGETS, TargetError
+    from kernels_core.targets import TARGETS, TargetError
     from autotune.trials_csv import TrialsCsv, columns
     from autotune.evaluate import Evaluator
     from autotune.worker_pool import WorkerStartError
-    from autotune.workload import SGD_HYPER, metric, throughput
+    from autotune.workload import metric, throughput
+    from kernels_core.mlp import DEFAULT
     from kernels_core.cli import OneLineParser, whole_number
     from kernels_core.contract import DTYPES, MAX_DIM
 except KeyboardInterrupt:
@@ -63,8 +64,9 @@ MAX_FAILURES_IN_A_ROW = 10
 WORKER_FAILURES = ("launch_error", "timeout")
 # Flags a --compile-only run has no use for (a config's compile does not depend on the shape,
 # and it keeps no Optuna study), with the default each takes otherwise.
-SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (1024,), "layers": 2, "batch_size": 128, "shapes": None,
-               "momentum": SGD_HYPER["momentum"], "sampler": studies.DEFAULT_SAMPLER,
+SEARCH_ONLY = {"workload": "mnist-mlp", "hidden": (DEFAULT.hidden,), "layers": DEFAULT.layers,
+               "batch_size": DEFAULT.batch_size, "shapes": None, "momentum": DEFAULT.momentum,
+               "sampler": studies.DEFAULT_SAMPLER,
                "storage": None}  # storage: OUT/tuning.db
 
 

@@ -1,7 +1,7 @@
 """Optuna plumbing shared by the search and the search-quality replay.
 
 One study per (target, op, backend, dtype, shape; SGD's also per momentum or none,
-workload.Call.study_key). Each tunable ranges over
+kernels_core.mlp.Call.study_key). Each tunable ranges over
 the values that appear in at least one valid config of the target: as an
 index into its sorted values for the samplers that model order
 (ORDINAL_SAMPLERS), as a categorical for the others.
@@ -58,7 +58,7 @@ import sqlalchemy.exc
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from autotune.targets import Target
+from kernels_core.targets import Target
 from kernels_core.space import Space
 
 OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")

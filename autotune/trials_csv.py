@@ -24,7 +24,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune.store import temp_beside
+from kernels_core.store import temp_beside
 from kernels_core.provenance import COLUMNS as PROVENANCE
 
 LEADING = ("utc", "target", "device", "op", "backend", "dtype", "shape")

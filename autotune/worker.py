@@ -85,7 +85,8 @@ class Runner:
 
     def prepare(self, req: dict) -> dict:
         from kernels_core import backends
-        from autotune.workload import Call, run
+        from autotune.workload import call_inputs, run
+        from kernels_core.mlp import Call
         from kernels_core import reference
 
         torch = self.torch
@@ -101,7 +102,7 @@ class Runner:
                 fn, config = getattr(module, call.op), req.get("config")
             generator = torch.Generator(device=device)
             generator.manual_seed(int(req.get("seed", 0)))
-            inputs = call.inputs(device, generator)
+            inputs = call_inputs(call, device, generator)
             start = time.perf_counter()
             run(fn, call.op, inputs.clone(), config)
             self._sync(device)

@@ -1,12 +1,7 @@
-"""What gets tuned: op calls with shapes, their inputs, and their cost in FLOPs/bytes.
+"""What gets tuned: the inputs of an op call, its reference result, and its cost in FLOPs/bytes.
 
-A call's shape key names its store entry, and its study (Call.study_key, marked
-":no-momentum" for SGD without buffers):
-matmul (M, N, K) plus a layout ("nn", "tn", "nt", "tt": t = that operand is
-transposed), elementwise and row ops (M, N), softmax_cross_entropy (M, C),
-sgd_update (total parameter elements,), and the fused ops by their GEMM:
-linear_cross_entropy (M, N, K):nn (the logits), linear_sgd (K_in, N_out, B):tn
-(the weight gradient).
+The calls themselves, and their shape keys, are the kernels' common ground:
+kernels_core/mlp.py (the trainer's step) and kernels_core/shapes.py.
 """
 from __future__ import annotations
 
@@ -16,140 +11,29 @@ from typing import Callable
 
 import torch
 
-from kernels_core.contract import DTYPE_NAMES, DTYPES, MAX_DIM, OPS
+from kernels_core.contract import DTYPE_NAMES, DTYPES, OPS
+from kernels_core.mlp import DEFAULT, SGD_OPS, Call, dedupe
 from kernels_core.reference import exact
+from kernels_core.shapes import FUSED_LAYOUT, OP_RANK
 
-OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
-           "softmax_cross_entropy": 2, "sgd_update": 1, "linear_cross_entropy": 3, "linear_sgd": 3}
-# The layout each fused op's GEMM has: the only one it takes.
-FUSED_LAYOUT = {"linear_cross_entropy": "nn", "linear_sgd": "tn"}
-LAYOUTS = ("nn", "tn", "nt", "tt")
 # Relative error ||out - ref|| / ||ref|| allowed per working dtype: a few units
 # of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2}
-SGD_HYPER = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
-# The ops that apply SGD: with momentum 0 (the trainer's seed protocol) they keep no buffers, 8
-# bytes a weight fewer to move (the fp32 buffer read and written), so they are other calls to tune.
-SGD_OPS = ("sgd_update", "linear_sgd")
-MNIST_IN, MNIST_CLASSES = 784, 10
-
-
-def shape_key(shape, layout: str = "") -> str:
-    return "x".join(str(int(d)) for d in shape) + (f":{layout}" if layout else "")
-
-
-@dataclass(frozen=True)
-class Call:
-    """One op call as the trainer makes it: enough to build its inputs."""
-
-    op: str
-    dtype: str
-    shape: tuple[int, ...]
-    layout: str = ""
-    bias: bool = False
-    activation: str | None = None
-    # matmul's fused-step argument, "a_rows" (the batch gathered in A's loads) or "relu_grad_of"
-    # (dX masked by the layer below's ReLU): the same GEMM and store entry as the plain call, so the
-    # tuner measures the stricter one, and a config some kernel cannot run with it is never picked.
-    fused_arg: str | None = None
-    # The SGD ops' momentum (others ignore it). Whether it is 0 changes what they move; its value
-    # does not, so a study is per shape and zero or not (study_key).
-    momentum: float = SGD_HYPER["momentum"]
-
-    @property
-    def key(self) -> str:
-        return shape_key(self.shape, self.layout)
-
-    @property
-    def study_key(self) -> str:
-        """The key that names the call's study: the store's key, marked where SGD keeps no buffers.
-        The store entry keeps the plain key: a store holds one protocol's winners."""
-        return self.key + (":no-momentum" if self.op in SGD_OPS and not self.momentum else "")
-
-    def inputs(self, device, generator: torch.Generator) -> "OpInputs":
-        return make_inputs(self.op, self.dtype, self.shape, self.layout, device, generator,
-                           bias=self.bias, activation=self.activation, fused_arg=self.fused_arg,
-                           momentum=self.momentum)
-
-
-def mnist_mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None,
-                    momentum: float = SGD_HYPER["momentum"]) -> list[Call]:
-    """Every distinct call of one training step of 784 -> hidden x layers -> 10: the fused step's
-    (fused=True), the unfused step's (False), or both (None, the tuner's workload: the trainer
-    runs either, `--no-fuse` choosing), its SGD with the trainer's `momentum`.
-
-    Weights are stored (in, out) row-major, so the forward pass is x @ W, the
-    weight gradient h^T @ dY ("tn") and the input gradient dY @ W^T ("nt").
-    The fused step's first matmul gathers the batch and its "nt" matmuls mask
-    by the ReLU (Call.fused_arg): the same GEMMs as the unfused step's, which
-    `dedupe` drops in their favour.
-    """
-    if hidden < 1 or layers < 1 or batch < 1:
-        raise ValueError(f"mnist-mlp needs hidden, layers, batch >= 1 (got {hidden}, {layers}, {batch})")
-    if fused is None:
-        return dedupe(mnist_mlp_calls(hidden, layers, batch, dtype, fused=True, momentum=momentum)
-                      + mnist_mlp_calls(hidden, layers, batch, dtype, fused=False, momentum=momentum))
-    dims = [MNIST_IN] + [hidden] * layers + [MNIST_CLASSES]
-    last = len(dims) - 2
-    calls = []
-    for i in range(len(dims) - 1):
-        if i == last and fused:
-            calls.append(Call("linear_cross_entropy", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True))
-        else:
-            calls.append(Call("matmul", dtype, (batch, dims[i + 1], dims[i]), "nn", bias=True,
-                              activation=None if i == last else "relu",
-                              fused_arg="a_rows" if i == 0 and fused else None))
-    for i in range(len(dims) - 1):
-        calls.append(Call("linear_sgd" if fused else "matmul", dtype, (dims[i], dims[i + 1], batch), "tn",
-                          momentum=momentum))
-        if i > 0:  # the input layer needs no gradient for its input
-            calls.append(Call("matmul", dtype, (batch, dims[i], dims[i + 1]), "nt",
-                              fused_arg="relu_grad_of" if fused else None))
-    if not fused:
-        calls += [
-            Call("relu_backward", dtype, (batch, hidden)),
-            Call("bias_grad", dtype, (batch, hidden)),
-            Call("bias_grad", dtype, (batch, MNIST_CLASSES)),
-            Call("softmax_cross_entropy", dtype, (batch, MNIST_CLASSES)),
-            Call("sgd_update", dtype, (sum(a * b + b for a, b in zip(dims, dims[1:])),), momentum=momentum),
-        ]
-    return dedupe(calls)
-
-
-def dedupe(calls: list[Call]) -> list[Call]:
-    seen: dict[tuple[str, str], Call] = {}
-    for call in calls:
-        seen.setdefault((call.op, call.key), call)
-    return list(seen.values())
-
-
-def parse_shapes(text: str) -> list[tuple[tuple[int, ...], str]]:
-    """"4096x4096x4096,128x1024x784:tn,128x1024" -> [(shape, layout), ...]."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        dims, _, layout = item.partition(":")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"--shapes: {item!r} is not like 4096x4096x4096 or 128x1024") from None
-        if not shape or min(shape) < 1 or max(shape) > MAX_DIM or len(shape) > 3:
-            raise ValueError(f"--shapes: {item!r} needs 1 to 3 dimensions, each from 1 to {MAX_DIM}")
-        if layout and len(shape) != 3:
-            raise ValueError(f"--shapes: layout {layout!r} in {item!r}: only matmul shapes (MxNxK) take a layout")
-        if layout and layout not in LAYOUTS:
-            raise ValueError(f"--shapes: layout {layout!r} in {item!r} is not one of {', '.join(LAYOUTS)} "
-                             "(t: that operand transposed)")
-        out.append((shape, layout or ("nn" if len(shape) == 3 else "")))
-    if not out:
-        raise ValueError("--shapes: no shape given")
-    return out
+# The SGD ops' inputs: the trainer's momentum, and a weight decay so its term is exercised.
+SGD_HYPER = {"lr": 0.01, "momentum": DEFAULT.momentum, "weight_decay": 1e-4}
 
 
 def calls_for_shapes(ops, dtype: str, shapes, momentum: float = SGD_HYPER["momentum"]) -> list[Call]:
     """Each op gets the given shapes of its rank (3 dims: matmul and the fused ops in their one
     layout, 2: row ops, 1: sgd)."""
     return dedupe([Call(op, dtype, shape, layout, momentum=momentum) for op in ops for shape, layout in shapes
-                    if OP_RANK[op] == len(shape) and FUSED_LAYOUT.get(op, layout) == layout])
+                   if OP_RANK[op] == len(shape) and FUSED_LAYOUT.get(op, layout) == layout])
+
+
+def call_inputs(call: Call, device, generator: torch.Generator) -> "OpInputs":
+    """Fresh random inputs for `call`, as the trainer would pass them."""
+    return make_inputs(call.op, call.dtype, call.shape, call.layout, device, generator, bias=call.bias,
+                       activation=call.activation, fused_arg=call.fused_arg, momentum=call.momentum)
 
 
 @dataclass

@@ -86,21 +86,16 @@ def mlp_cases(dtypes: list[str]) -> list[Case]:
     return cases
 
 
-TRAINER_PROTOCOLS = (  # (dtype, batch, layers, widths): the two protocols of experiments.compare
-    ("fp32", 128, 2, (128, 1024, 4096)),
-    ("fp16", 32, 3, (128, 1024, 4096, 8192)),
-)
-
-
 def trainer_cases(store=None) -> list[Case]:
     """The distinct GEMMs of both trainer protocols, with the default and (when the store has the
     exact shape) the tuned config of each twin."""
-    from autotune.workload import mnist_mlp_calls
+    from kernels_core.mlp import PROTOCOLS, mlp_calls
 
     cases, seen = [], set()
-    for dtype, batch, layers, widths in TRAINER_PROTOCOLS:
-        for hidden in widths:
-            for call in mnist_mlp_calls(hidden, layers, batch, dtype):
+    for protocol in PROTOCOLS.values():
+        dtype = protocol.dtype
+        for hidden in protocol.widths:
+            for call in mlp_calls(hidden, protocol.layers, protocol.batch_size, dtype):
                 if call.op != "matmul" or (dtype, call.key) in seen:
                     continue
                 seen.add((dtype, call.key))
@@ -280,7 +275,7 @@ def main(argv=None) -> int:
 
 def _tuned_store(path):
     """The tuned store for the local GPU, or None (then the trainer group times defaults only)."""
-    from autotune.store import load_store, store_path
+    from kernels_core.store import load_store, store_path
     from trainer.tuned_configs import target_name
 
     target = target_name("auto")

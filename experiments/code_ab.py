@@ -7,7 +7,7 @@ DIR is a copy of the repository at an older commit, made where git is (`git arch
 DIR`; the GPU machine's copy of the tree has no .git, so carry DIR there). Worker 0 runs this
 checkout and worker 1 the old tree, on the same GPU: worker 1 gets PYTHONSAFEPATH=1, so that its
 PYTHONPATH (the old tree first) rather than its working directory decides which packages it
-imports. Every call of the protocol's fused training step (autotune.workload.mnist_mlp_calls) is
+imports. Every call of the protocol's fused training step (kernels_core.mlp.mlp_calls) is
 run by each backend at the store's config on both workers, each time after the tuner's correctness
 check against float64, and timed as the tuner times it (graph replays of 10 calls), the two
 workers in turn, --rounds times (experiments.steps.timings_in_turn): a drift of the GPU's clocks
@@ -31,16 +31,14 @@ from pathlib import Path
 import pandas as pd
 
 from autotune.evaluate import Evaluator
-from autotune.store import load_store
-from autotune.targets import resolve_target
-from autotune.workload import SGD_HYPER, SGD_OPS, mnist_mlp_calls
-from experiments.bench_kernels import TRAINER_PROTOCOLS
-from experiments.compare import base_config
+from kernels_core.store import load_store
+from kernels_core.targets import resolve_target
+from autotune.workload import SGD_HYPER
+from kernels_core.mlp import PROTOCOLS, SGD_OPS, mlp_calls
 from experiments.steps import timings_in_turn
 from kernels_core.provenance import REPO, device_slug, provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROTOCOLS = {"default": TRAINER_PROTOCOLS[0], "seed": TRAINER_PROTOCOLS[1]}
 CODES = ("new", "old")  # worker 0, worker 1
 
 
@@ -83,18 +81,19 @@ def code_pool(target: str, old_tree: Path, log_dir: Path) -> Evaluator:
 
 
 def measure(args) -> pd.DataFrame:
-    dtype, batch, layers, _ = PROTOCOLS[args.protocol]
+    protocol = PROTOCOLS[args.protocol]
+    dtype, batch, layers = protocol.dtype, protocol.batch_size, protocol.layers
     target = resolve_target("auto", compile_only=False)
     store = load_store(args.tuned_configs, target)
     pool = code_pool(target.name, args.old_tree, Path("experiments/logs/code_ab"))
     prov, old, rows = provenance(), old_commit(args.old_tree), []
-    momentum = base_config(args.protocol, dtype, None).momentum
+    momentum = protocol.momentum
     if not momentum and not takes_momentum(args.old_tree):
         momentum = SGD_HYPER["momentum"]
         print(f"code_ab: the old tree ({old}) times SGD with momentum buffers whatever the call says; both "
               f"codes time linear_sgd with momentum {momentum}, not the {args.protocol} protocol's 0", flush=True)
     try:
-        for call in mnist_mlp_calls(args.hidden, layers, batch, dtype, fused=True, momentum=momentum):
+        for call in mlp_calls(args.hidden, layers, batch, dtype, fused=True, momentum=momentum):
             for backend in args.backends.split(","):
                 config, source = store.lookup(call.op, backend, dtype, call.key)
                 if source != "tuned":

@@ -49,8 +49,9 @@ from pathlib import Path
 import torch
 
 from kernels_core.provenance import device_slug, provenance
-from autotune.store import store_path
-from trainer.config import PRESETS, Config
+from kernels_core.store import store_path
+from kernels_core.mlp import PROTOCOLS
+from trainer.config import Config
 from trainer.tuned_configs import target_name
 from trainer.train import train
 
@@ -90,7 +91,7 @@ def autotunes(variant: str) -> bool:
 
 
 def base_config(protocol: str, dtype: str, steps: int | None) -> Config:
-    values = dict(PRESETS["seed"]) if protocol == "seed" else {}
+    values = PROTOCOLS[protocol].settings()
     values.update(dtype=dtype, progress=False, out=str(RESULTS.parent))
     if steps:
         values["steps"] = steps
@@ -161,7 +162,7 @@ def existing_rows(path: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--protocol", choices=("seed", "default"), default="seed")
+    ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="seed")
     ap.add_argument("--dtype", choices=("fp16", "fp32", "bf16"), default=None,
                     help="default: fp16 for the seed protocol, fp32 for the trainer's")
     ap.add_argument("--hidden", default="128,256,512,1024,2048,4096,8192")
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
         print("compare needs a CUDA GPU (it times training steps); nothing to do here.", file=sys.stderr)
         return 2
 
-    dtype = args.dtype or ("fp16" if args.protocol == "seed" else "fp32")
+    dtype = args.dtype or PROTOCOLS[args.protocol].dtype
     hidden = [128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")]
     steps = 500 if args.quick and not args.steps else args.steps
     base = base_config(args.protocol, dtype, steps)

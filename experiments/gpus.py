@@ -32,7 +32,7 @@ import pandas as pd
 from autotune import search, studies
 from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
-from autotune.store import load_store, store_path
+from kernels_core.store import load_store, store_path
 from autotune.worker_pool import visible_gpus
 from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.contract import DTYPES

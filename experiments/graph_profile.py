@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from experiments.compare import base_config
 from kernels_core.provenance import provenance
-from trainer.train import _build
+from trainer.train import build
 
 CHUNK = 500  # replays per profiler session
 
@@ -71,7 +71,8 @@ def main(argv):
     dtype = "fp16" if protocol == "seed" else "fp32"
     cfg = replace(base_config(protocol, dtype, None), backend=backend, hidden=hidden, tuned_configs=store,
                   progress=False)
-    _, _, _, _, batches, stepper = _build(cfg)
+    built = build(cfg)
+    batches, stepper = built.batches, built.stepper
     stepper.prepare(capture=True)
     batches.new_epoch()
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from experiments.compare import base_config
-from trainer.train import _build
+from trainer.train import build
 
 N = 2000
 
@@ -25,7 +25,7 @@ def main(argv):
     base = base_config("seed", "fp16", None)
     if len(argv) > 2:  # a compiled torch step built first in this process, as compare's runs do
         cfg = replace(base, backend="torch", hidden=128, compile="default", torch_graph=True, progress=False)
-        _, _, _, _, _, compiled = _build(cfg)
+        compiled = build(cfg).stepper
         compiled.prepare(capture=True)
         for _ in range(100):
             compiled()
@@ -34,7 +34,8 @@ def main(argv):
 
     for name in names:
         cfg = replace(base, backend=name, hidden=128, tuned_configs=store, progress=False)
-        _, _, _, _, batches, stepper = _build(cfg)
+        built = build(cfg)
+    batches, stepper = built.batches, built.stepper
         stepper.prepare(capture=True)
         batches.new_epoch()
         for _ in range(200):

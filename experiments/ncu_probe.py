@@ -22,8 +22,8 @@ import sys
 
 import torch
 
-from autotune.store import load_store
-from autotune.workload import parse_shapes, shape_key
+from kernels_core.store import load_store
+from kernels_core.shapes import parse_shapes, shape_key
 from kernels_core import backends
 from kernels_core.reference import exact, native
 from trainer.tuned_configs import target_name

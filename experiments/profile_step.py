@@ -27,7 +27,7 @@ import torch
 
 from experiments.compare import RESULTS, base_config
 from kernels_core.provenance import device_slug, provenance
-from trainer.train import _build
+from trainer.train import build
 
 
 def profile(config, steps: int) -> list[dict]:
@@ -35,7 +35,8 @@ def profile(config, steps: int) -> list[dict]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    _, _, _, _, batches, stepper = _build(config)
+    built = build(config)
+    batches, stepper = built.batches, built.stepper
     stepper.prepare(capture=False)
     batches.new_epoch()
     torch.cuda.synchronize()

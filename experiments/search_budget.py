@@ -34,7 +34,7 @@ import pandas as pd
 from autotune import search
 from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
-from autotune.store import load_store, store_path
+from kernels_core.store import load_store, store_path
 from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.provenance import device_slug, provenance
 

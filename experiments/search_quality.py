@@ -47,9 +47,10 @@ import pandas as pd
 from autotune import console, studies
 from autotune.evaluate import Evaluator
 from autotune.search import seconds
-from autotune.targets import TARGETS, resolve_target
+from kernels_core.targets import TARGETS, resolve_target
 from autotune.trials_csv import TrialsCsv, columns
-from autotune.workload import Call, parse_shapes
+from kernels_core.mlp import Call
+from kernels_core.shapes import parse_shapes
 from kernels_core import backends
 from kernels_core.contract import DTYPES
 from kernels_core.provenance import device_slug, provenance

@@ -21,7 +21,7 @@ import pandas as pd
 
 import kernels_cuda as kc
 from autotune.studies import SAMPLERS
-from autotune.targets import TARGETS
+from kernels_core.targets import TARGETS
 from kernels_core.contract import DTYPES
 from experiments.search_quality import replay
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from autotune.evaluate import Evaluator
-from autotune.workload import Call
+from kernels_core.mlp import Call
 
 LEDGER_COLUMNS = ["step", "seconds", "rc"]
 

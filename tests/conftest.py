@@ -30,6 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.postgres import postgres_server, storage_url  # noqa: E402,F401 - fixtures: a storage of each kind
 
 HAS_CUDA = torch.cuda.is_available()
+# pytest-xdist's workers share the cores: each keeps its share of torch's CPU threads. Left at one
+# per core each, they oversubscribe the machine, and OpenMP's spinning threads burn CPU seconds
+# (the fast tier's budget) waiting for the cores the other workers hold.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from autotune import studies
-from autotune.store import load_store
+from kernels_core.store import load_store
 
 REPO = Path(__file__).resolve().parent.parent
 

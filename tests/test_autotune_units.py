@@ -12,9 +12,10 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from autotune import studies, targets, workload
+from autotune import studies, workload
+from kernels_core import mlp, shapes, targets
 from kernels_core import backends
-from autotune.store import ConfigStore, StoreError, load_store, save_store
+from kernels_core.store import ConfigStore, StoreError, load_store, save_store
 from kernels_core.space import Space
 from tests import fake_backend
 
@@ -78,21 +79,21 @@ def test_timing_a_target_without_a_gpu_is_refused():
 # -- workload ------------------------------------------------------------------------
 
 def test_shape_keys_and_parsing():
-    assert workload.shape_key((128, 1024, 784), "nn") == "128x1024x784:nn"
-    assert workload.shape_key((128, 1024)) == "128x1024"
-    assert workload.parse_shapes("4096x4096x4096, 128x1024x784:tn,128x10,99") == [
+    assert shapes.shape_key((128, 1024, 784), "nn") == "128x1024x784:nn"
+    assert shapes.shape_key((128, 1024)) == "128x1024"
+    assert shapes.parse_shapes("4096x4096x4096, 128x1024x784:tn,128x10,99") == [
         ((4096, 4096, 4096), "nn"), ((128, 1024, 784), "tn"), ((128, 10), ""), ((99,), "")]
     for bad in ("4096xx4", "128x10:tn", "1x2x3:qq", "0x4", "", f"{2**31}x4", f"{2**64}"):
         with pytest.raises(ValueError, match="--shapes"):
-            workload.parse_shapes(bad)
-    assert workload.parse_shapes(f"{2**31 - 1}x1") == [((2**31 - 1, 1), "")]
+            shapes.parse_shapes(bad)
+    assert shapes.parse_shapes(f"{2**31 - 1}x1") == [((2**31 - 1, 1), "")]
 
 
 @pytest.mark.parametrize("item, layout, rank", [("4x4x4:qq", "qq", 3), ("7x3x5:NT", "NT", 3), ("9x2x1:n", "n", 3),
                                                ("128x10:tn", "tn", 2), ("99:nn", "nn", 1), ("6x8:zz", "zz", 2)])
 def test_a_bad_layout_is_named_with_what_is_allowed(item, layout, rank):
     with pytest.raises(ValueError) as info:
-        workload.parse_shapes(f"16x16x16,{item}")
+        shapes.parse_shapes(f"16x16x16,{item}")
     message = str(info.value)
     assert f"layout {layout!r} in {item!r}" in message and "\n" not in message
     if rank == 3:  # a matmul shape: its layout is not one of the four
@@ -101,8 +102,8 @@ def test_a_bad_layout_is_named_with_what_is_allowed(item, layout, rank):
         assert "only matmul shapes (MxNxK) take a layout" in message
 
 
-def test_mnist_mlp_calls():
-    calls = workload.mnist_mlp_calls(hidden=256, layers=2, batch=64, dtype="fp16")
+def test_mlp_calls():
+    calls = mlp.mlp_calls(hidden=256, layers=2, batch=64, dtype="fp16")
     got = {(c.op, c.key): c for c in calls}
     assert got[("matmul", "64x256x784:nn")].bias and got[("matmul", "64x256x784:nn")].activation == "relu"
     assert got[("matmul", "64x256x256:nn")].activation == "relu"
@@ -122,19 +123,19 @@ def test_mnist_mlp_calls():
     # gathered in the first layer's A loads, dX masked by the ReLU below.
     assert {key: c.fused_arg for (op, key), c in got.items() if c.fused_arg} == {
         "64x256x784:nn": "a_rows", "64x256x10:nt": "relu_grad_of", "64x256x256:nt": "relu_grad_of"}
-    assert len(workload.mnist_mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5 + 3
+    assert len(mlp.mlp_calls(256, 1, 64, "fp16")) == 2 + 2 + 1 + 5 + 3
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
-def test_mnist_mlp_calls_of_each_step(layers):
-    fused = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=True)
-    unfused = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=False)
+def test_mlp_calls_of_each_step(layers):
+    fused = mlp.mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=True)
+    unfused = mlp.mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32", fused=False)
     assert {c.op for c in fused} == {"matmul", "linear_cross_entropy", "linear_sgd"}
     assert not {"linear_cross_entropy", "linear_sgd"} & {c.op for c in unfused}
     # The fused step: every layer's forward and SGD GEMM, dX of all but the input layer; one call per
     # distinct shape, so the hidden layers' repeats collapse.
     assert len(fused) == (2 if layers == 1 else 3) + (2 if layers == 1 else 3) + (1 if layers == 1 else 2)
-    both = workload.mnist_mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32")
+    both = mlp.mlp_calls(hidden=96, layers=layers, batch=32, dtype="fp32")
     assert {(c.op, c.key) for c in both} == {(c.op, c.key) for c in fused + unfused}
 
 
@@ -210,12 +211,12 @@ def test_sgd_calls_without_momentum_keep_no_buffers_and_are_checked(rng, op):
 
 
 def test_the_momentum_reaches_the_sgd_calls_and_names_their_studies():
-    plain = workload.mnist_mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16")
-    seed = workload.mnist_mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16", momentum=0.0)
+    plain = mlp.mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16")
+    seed = mlp.mlp_calls(hidden=96, layers=2, batch=32, dtype="fp16", momentum=0.0)
     assert [(c.op, c.key) for c in plain] == [(c.op, c.key) for c in seed]  # the store's keys
     for c, z in zip(plain, seed):
         assert c.study_key == c.key and c.momentum == workload.SGD_HYPER["momentum"]
-        if z.op in workload.SGD_OPS:
+        if z.op in mlp.SGD_OPS:
             assert z.momentum == 0 and z.study_key == z.key + ":no-momentum"
         else:  # the GEMMs move the same bytes either way: one study for both protocols
             assert z.study_key == z.key
@@ -225,7 +226,7 @@ def test_the_momentum_reaches_the_sgd_calls_and_names_their_studies():
 
 @pytest.mark.parametrize("op,shape,layout", [("sgd_update", [37], ""), ("linear_sgd", [5, 3, 4], "tn")])
 def test_the_worker_builds_an_sgd_calls_inputs_at_the_requests_momentum(op, shape, layout):
-    """The momentum travels in the worker's request, through Call.inputs: at 0 the prepared call
+    """The momentum travels in the worker's request, through call_inputs: at 0 the prepared call
     has no buffers, and the check passes on the params alone."""
     from autotune.worker import Runner
 

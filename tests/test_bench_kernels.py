@@ -1,7 +1,7 @@
 """bench_kernels' trainer group: the GEMMs both protocols of the trainer run, with tuned configs
 where the store has the exact shape (CPU: the cases are data; timing them needs the H200)."""
-from autotune.store import ConfigStore
-from autotune.workload import mnist_mlp_calls
+from kernels_core.store import ConfigStore
+from kernels_core.mlp import PROTOCOLS, mlp_calls
 from experiments import bench_kernels
 
 
@@ -9,8 +9,8 @@ def test_trainer_group_holds_every_distinct_gemm_of_both_protocols_once():
     cases = bench_kernels.trainer_cases()
     keys = [(c.dtype, "x".join(map(str, c.shape)) + ":" + c.layout) for c in cases]
     assert len(keys) == len(set(keys))
-    want = {(dt, call.key) for dt, batch, layers, widths in bench_kernels.TRAINER_PROTOCOLS for h in widths
-            for call in mnist_mlp_calls(h, layers, batch, dt) if call.op == "matmul"}
+    want = {(p.dtype, call.key) for p in PROTOCOLS.values() for h in p.widths
+            for call in mlp_calls(h, p.layers, p.batch_size, p.dtype) if call.op == "matmul"}
     assert set(keys) == want
     assert ("fp32", "128x10x4096:nn") in want and ("fp16", "32x8192x8192:nt") in want
     logits = next(c for c in cases if c.shape == (128, 10, 1024) and c.layout == "nn")

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autotune.store import ConfigStore
-from autotune.workload import mnist_mlp_calls, shape_key
+from kernels_core.store import ConfigStore
+from kernels_core.mlp import mlp_calls
+from kernels_core.shapes import shape_key
 from kernels_core.contract import DTYPES, OPS, matmul_args
 from kernels_core.reference import native
 from trainer.config import Config
@@ -138,7 +139,7 @@ def test_step_makes_exactly_the_tuned_calls_with_the_stores_configs(dtype, layer
     model.step(x, data.train_y[:3 * batch], torch.arange(batch, 3 * batch, 2))
 
     made = {(op, key) for op, key, _ in spy.calls}
-    workload = {(c.op, c.key) for c in mnist_mlp_calls(hidden, layers, batch, dtype, fused=fuse)}
+    workload = {(c.op, c.key) for c in mlp_calls(hidden, layers, batch, dtype, fused=fuse)}
     assert made == workload
     assert len(spy.calls) == (3 * (layers + 1) - 1 if fuse else len(spy.calls))  # the fused step's kernels
     for op, key, cfg in spy.calls:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kernels_triton
-from autotune.store import ConfigStore, save_store
-from trainer.backends import NeedsGpu
+from kernels_core.store import ConfigStore, save_store
+from trainer.build import NeedsGpu
 from trainer.config import Config, from_args
 from trainer.tuned_configs import ConfigStoreRefused, target_name
 from trainer.stepper import StepTimer

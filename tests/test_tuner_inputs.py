@@ -22,7 +22,7 @@ import pytest
 
 from autotune import search
 from autotune.plan import build_plan
-from autotune.store import ConfigStore, StoreError, load_store, save_store
+from kernels_core.store import ConfigStore, StoreError, load_store, save_store
 from autotune.trials_csv import TrialsCsv, TrialsCsvError, columns
 from trainer.config import Config
 
@@ -384,11 +384,11 @@ def test_ctrl_c_in_compile_only_stops_cleanly_and_the_next_run_resumes(tmp_path,
 
 
 def test_one_run_tunes_the_calls_of_several_widths_once_each():
-    from autotune.workload import mnist_mlp_calls
+    from kernels_core.mlp import mlp_calls
 
     plan = build_plan(search.parse_args(["--target", "cpu", "--backends", "fake", "--ops", "matmul",
                                          "--hidden", "96,160,96", "--batch-size", "40"]))
-    want = {c.key for h in (96, 160) for c in mnist_mlp_calls(h, 2, 40, "fp32") if c.op == "matmul"}
+    want = {c.key for h in (96, 160) for c in mlp_calls(h, 2, 40, "fp32") if c.op == "matmul"}
     keys = [job.call.key for job in plan.jobs]
     assert sorted(keys) == sorted(want) and "40x10x160:nn" in keys and "40x96x784:nn" in keys
     for bad in ("0,128", "128,x", ""):

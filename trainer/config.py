@@ -1,12 +1,13 @@
 """Everything a run depends on, in one dataclass (nanoGPT style).
 
-The defaults train 784-1024-1024-10 for 10 epochs at batch 128 with SGD
-(lr 0.05, momentum 0.9). With the torch backend on a CPU (seed 0) that run
-passed 98% test accuracy after epoch 4 and ended at 98.50%, leaving margin
-for the other backends, which compute the same step in other roundings.
+The defaults are the default protocol (kernels_core/mlp.py): 784-1024-1024-10
+for 10 epochs at batch 128 with SGD (lr 0.05, momentum 0.9). With the torch
+backend on a CPU (seed 0) that run passed 98% test accuracy after epoch 4 and
+ended at 98.50%, leaving margin for the other backends, which compute the same
+step in other roundings.
 
-`PRESETS` are named bundles of overrides; a preset is applied first and flags
-given explicitly on the command line win over it.
+`PRESETS` are the other protocols as bundles of overrides; a preset is applied
+first and flags given explicitly on the command line win over it.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune.targets import TARGETS
 from kernels_core.backends import BUILTIN
 from kernels_core.cli import OneLineParser, whole_number
 from kernels_core.contract import MAX_DIM
+from kernels_core.mlp import DEFAULT, PROTOCOLS
+from kernels_core.targets import TARGETS
 from trainer.data import DEFAULT_DIR, SPECS
 
 BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
@@ -33,15 +35,15 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor captures its o
 @dataclass
 class Config:
     backend: str = "torch"
-    hidden: int = 1024
-    layers: int = 2  # hidden layers; the net has layers + 1 matmuls
-    batch_size: int = 128
+    hidden: int = DEFAULT.hidden
+    layers: int = DEFAULT.layers  # hidden layers; the net has layers + 1 matmuls
+    batch_size: int = DEFAULT.batch_size
     epochs: int = 10
     steps: int | None = None  # overrides epochs: train exactly this many steps
-    lr: float = 0.05
-    momentum: float = 0.9
+    lr: float = DEFAULT.lr
+    momentum: float = DEFAULT.momentum
     weight_decay: float = 0.0
-    dtype: str = "fp32"  # fp16/bf16: low-precision matmuls, fp32 master weights
+    dtype: str = DEFAULT.dtype  # fp16/bf16: low-precision matmuls, fp32 master weights
     seed: int = 0
     tuned_configs: str | None = None  # store for cuda/triton; None: <out>/<target>/best.json if it exists; "none": defaults
     target: str = "auto"
@@ -125,10 +127,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-PRESETS: dict[str, dict] = {
-    # The seed project's protocol: a deeper net, small batches, plain SGD in fp16.
-    "seed": dict(layers=3, batch_size=32, lr=0.003, momentum=0.0, steps=5000, dtype="fp16"),
-}
+PRESETS: dict[str, dict] = {name: protocol.settings() for name, protocol in PROTOCOLS.items() if name != "default"}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -2,8 +2,9 @@
 
 `ops` is any module exposing the contract's ops (kernels_cuda or
 kernels_triton; tests pass a shim or a spy). Weights are stored (in, out)
-row-major, so every call below is one of the tuned shapes of the tuner's
-mnist-mlp workload. The step gets the whole dataset and the batch's row
+row-major. The calls below are the ones kernels_core.mlp.mlp_calls lists (the
+tuner's mnist-mlp workload): the model chooses each one's config from that list
+before its first step, and a call the list lacks stops the step. The step gets the whole dataset and the batch's row
 indices, so that even the batch gather can sit inside a kernel.
 
 The fused step (the default): 3 kernels per layer, the input layer 2, no
@@ -39,8 +40,9 @@ from __future__ import annotations
 
 import torch
 
-from autotune.workload import shape_key
 from kernels_core.contract import DTYPES
+from kernels_core.mlp import mlp_calls
+from kernels_core.shapes import shape_key
 from trainer.config import Config
 from trainer.tuned_configs import CallConfigs
 from trainer.torch_backend import MLP
@@ -52,7 +54,10 @@ class OpsMLP:
     gathers_batch = True  # step() takes the dataset and the batch's rows
 
     def __init__(self, ops, initial: MLP, config: Config, device: torch.device, configs: CallConfigs):
-        self.ops, self.configs, self.fuse = ops, configs, config.fuse
+        self.ops, self.configs, self.fuse = ops, configs, config.fuse  # configs: the record of each choice
+        calls = mlp_calls(config.hidden, config.layers, config.batch_size, config.dtype, fused=config.fuse,
+                          momentum=config.momentum)
+        self._configs = {(c.op, c.key): configs.get(c.op, c.key) for c in calls}
         self.lr, self.momentum, self.weight_decay = config.lr, config.momentum, config.weight_decay
         self.params: list[torch.Tensor] = []  # W0, b0, W1, b1, ... fp32
         for linear in initial.linears:
@@ -72,13 +77,20 @@ class OpsMLP:
         m, k = (stored[1], stored[0]) if trans_a else stored
         n = b.shape[0] if trans_b else b.shape[1]
         layout = ("t" if trans_a else "n") + ("t" if trans_b else "n")
-        cfg = self.configs.get("matmul", shape_key((m, n, k), layout))
+        cfg = self._config("matmul", shape_key((m, n, k), layout))
         if a_rows is not None:
             kw["a_rows"] = a_rows
         return self.ops.matmul(a, b, trans_a=trans_a, trans_b=trans_b, config=cfg, **kw)
 
     def _call(self, op: str, shape: tuple[int, ...], layout: str, *args, **kw):
-        return getattr(self.ops, op)(*args, config=self.configs.get(op, shape_key(shape, layout)), **kw)
+        return getattr(self.ops, op)(*args, config=self._config(op, shape_key(shape, layout)), **kw)
+
+    def _config(self, op: str, key: str) -> dict | None:
+        try:
+            return self._configs[(op, key)]
+        except KeyError:
+            raise RuntimeError(f"the step called {op} on {key}, which kernels_core.mlp.mlp_calls does not "
+                               "list: the tuner would never tune it") from None
 
     def step(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """One step on the batch x[rows], y[rows]; the loss as a 0-dim device tensor."""

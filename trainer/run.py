@@ -13,7 +13,7 @@ import torch
 
 from kernels_core.contract import LabelError
 from kernels_core.cli import INTERRUPTED
-from trainer.backends import NeedsGpu
+from trainer.build import NeedsGpu
 from trainer.config import from_args
 from trainer.tuned_configs import ConfigStoreRefused
 from trainer.data import MnistDataError

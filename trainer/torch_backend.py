@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels_core.contract import DTYPES
+from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
 from trainer.config import CUDAGRAPH_MODES, Config
 
-IN_FEATURES, CLASSES = 784, 10
 
 
 class MLP(nn.Module):
@@ -30,7 +30,7 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, layers: int):
         super().__init__()
-        dims = [IN_FEATURES] + [hidden] * layers + [CLASSES]
+        dims = [MNIST_IN] + [hidden] * layers + [MNIST_CLASSES]
         self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

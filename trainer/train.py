@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -30,11 +31,12 @@ from tqdm import tqdm
 from kernels_core.provenance import provenance
 from kernels_core.timing import Timing, bench, bench_graph
 from kernels_core.contract import DTYPES, check_labels
-from trainer.backends import make_backend, pick_device
+from trainer.build import make_backend, pick_device
 from trainer.config import Config
-from trainer.data import DeviceBatches, load_mnist
+from trainer.data import DeviceBatches, Mnist, load_mnist
 from trainer.stepper import Stepper, StepTimer
-from trainer.torch_backend import CLASSES, IN_FEATURES
+from trainer.tuned_configs import CallConfigs
+from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
 
 TARGET_ACCURACY = 0.98
 
@@ -125,7 +127,7 @@ def check_fits(config: Config, device: torch.device) -> None:
     it has, and touching it ends in the OOM killer rather than an error.
     """
     h = config.hidden
-    params = (IN_FEATURES + 1) * h + (config.layers - 1) * (h + 1) * h + (h + 1) * CLASSES
+    params = (MNIST_IN + 1) * h + (config.layers - 1) * (h + 1) * h + (h + 1) * MNIST_CLASSES
     need = params * 4 * (3 + (config.momentum > 0))
     free = _available_bytes(device)
     if free is not None and need > free:
@@ -134,14 +136,26 @@ def check_fits(config: Config, device: torch.device) -> None:
                        f"{device.type} has {free / 2**30:.1f} GiB free")
 
 
-def _build(config: Config):
+class Built(NamedTuple):
+    """What a run trains with: the model on its device, its data, and its step."""
+
+    device: torch.device
+    data: Mnist
+    backend: object  # trainer.build.make_backend's: TorchBackend or OpsMLP
+    configs: CallConfigs | None  # the kernel configs of cuda/triton, None for torch
+    batches: DeviceBatches
+    stepper: Stepper
+
+
+def build(config: Config) -> Built:
+    """Everything `config` trains with, ready for its first step (no step taken)."""
     device = pick_device(config)
     check_fits(config, device)
     data = load_mnist(config.data_dir, device, DTYPES[config.dtype], config.train_subset)
     backend, configs = make_backend(config, device)
     batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
     losses = torch.zeros(batches.steps_per_epoch, dtype=torch.float32, device=device)
-    return device, data, backend, configs, batches, Stepper(backend, batches, losses)
+    return Built(device, data, backend, configs, batches, Stepper(backend, batches, losses))
 
 
 def _sync(device: torch.device) -> None:
@@ -181,7 +195,7 @@ def _rows_in(csv_path: Path) -> int:
 
 def train(config: Config) -> Summary:
     runs = _runs_dir(config)
-    device, data, backend, configs, batches, stepper = _build(config)
+    device, data, backend, configs, batches, stepper = build(config)
     spe = batches.steps_per_epoch
     total = config.steps or config.epochs * spe
     eval_every = _eval_every(config, spe)
@@ -303,7 +317,8 @@ def step_time(config: Config, reps: int = 200) -> Timing:
     A graphed step is timed as graph replays with the lab's `bench_graph`;
     an eager one with `bench`. Both warm up first, so compilation is excluded.
     """
-    device, _, _, _, _, stepper = _build(config)
+    built = build(config)
+    device, stepper = built.device, built.stepper
     if _uses_graph(config, device):
         return bench_graph(stepper.eager, steps=reps)
     return bench(stepper.eager, device=device, warmup=3, reps=reps, flush_l2=False, max_seconds=10.0)

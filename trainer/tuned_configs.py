@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.store import StoreError, load_store, parse_shape_key, store_path
-from autotune.targets import local_gpu
+from kernels_core.store import StoreError, load_store, parse_shape_key, store_path
+from kernels_core.targets import local_gpu
 from kernels_core.contract import FUSED_OPS, check_block_holds_row
 from kernels_core.space import Space
 from trainer.config import Config

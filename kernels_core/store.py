@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from kernels_core import backends
-from autotune.targets import TARGETS, Target
-from autotune.workload import FUSED_LAYOUT, LAYOUTS, OP_RANK, shape_key
+from kernels_core.targets import TARGETS, Target
+from kernels_core.shapes import FUSED_LAYOUT, LAYOUTS, OP_RANK, parse_shape_key
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
 
@@ -44,17 +44,6 @@ class StoreError(ValueError):
 def store_path(out, target: str) -> Path:
     """Where the tuner writes, and the trainer looks for, a target's winners: <out>/<target>/best.json."""
     return Path(out) / target / "best.json"
-
-
-def parse_shape_key(key: str) -> tuple[tuple[int, ...], str]:
-    dims, _, layout = key.partition(":")
-    try:
-        shape = tuple(int(d) for d in dims.split("x"))
-    except ValueError:
-        raise ValueError(f"shape {key!r} is not like 128x1024x784:nn or 128x1024") from None
-    if min(shape) < 1 or shape_key(shape, layout) != key:
-        raise ValueError(f"shape {key!r} is not in canonical form (positive integers joined by 'x')")
-    return shape, layout
 
 
 class ConfigStore:
