@@ -13,7 +13,7 @@ it is that protocol's spread, and one run passing it is luck.
 
 The torch backend runs on the CPU (about 12 s a run at H = 128 on two cores); cuda and triton
 need the GPU (the interpreter takes about a second a step). Appends a row per run to
-experiments/results/accuracy_spread_<device>.csv (a rerun skips the runs already there for the
+experiments/results/<device>/accuracy_spread.csv (a rerun skips the runs already there for the
 same commit) and prints, per backend and width: runs, mean, standard deviation, min, max, and how
 many reached 98%.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
 from trainer.config import BACKENDS, PRESETS, Config
 from trainer.train import TARGET_ACCURACY, train
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 KEY = ("backend", "hidden", "protocol", "epochs", "train_subset", "seed", "commit")
 
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-subset", type=int, default=0, help="train on the first N images (quick runs)")
     ap.add_argument("--tuned-configs", default=None, help="cuda/triton: the config store to run on")
     ap.add_argument("--results", type=Path, default=None,
-                    help="the CSV to append to (default experiments/results/accuracy_spread_<device>.csv)")
+                    help="the CSV to append to (default experiments/results/<device>/accuracy_spread.csv)")
     ap.add_argument("--out", default="experiments", help="the trainer's output root (its run CSVs)")
     args = ap.parse_args(argv)
 
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                    progress=False, tuned_configs=args.tuned_configs,
                    **({"epochs": args.epochs, "steps": None} if args.epochs else {}))
     length = f"{base.steps} steps" if base.steps else f"{base.epochs} epochs"
-    path = args.results or RESULTS / f"accuracy_spread_{device_slug()}.csv"
+    path = args.results or results_dir() / "accuracy_spread.csv"
     rows = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=list(KEY))
     commit = provenance()["commit"]
     done = {tuple(str(v) for v in r) for r in rows[list(KEY)].itertuples(index=False)}

@@ -19,7 +19,7 @@ repetitions: `time_ms`, one call at a time with L2 flushed between calls
 and `graph_ms`, ten calls replayed as one CUDA graph (kernels_core.timing.
 bench_in_graph: the kernel's own time, as inside a graphed training step).
 For small shapes the two differ by the host's launch cost. Writes
-experiments/results/kernels_<gpu>.csv, one row per (case, backend), with the
+experiments/results/<gpu>/kernels.csv, one row per (case, backend), with the
 provenance columns, and prints a table.
 
 The two ceilings every row is compared with are measured in the same run: a
@@ -37,12 +37,12 @@ from pathlib import Path
 
 import torch
 
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
 from kernels_core.timing import bench, bench_in_graph
 from kernels_core import backends as kernel_packages
 from kernels_core.reference import exact, native
+from experiments.paths import RESULTS, results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned-configs", default=None,
                     help="tuned store for the trainer group (default experiments/<target>/best.json if it exists)")
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
-    ap.add_argument("--out", default=None, help="CSV path (default experiments/results/kernels_<gpu>.csv, "
+    ap.add_argument("--out", default=None, help="CSV path (default experiments/results/<gpu>/kernels.csv, "
                     "or trainer_gemms_<gpu>.csv for a run with the trainer group)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
     prov = provenance()
     name = "trainer_gemms" if "trainer" in groups else "kernels"
-    out = Path(args.out) if args.out else RESULTS / f"{name}_{device_slug()}.csv"
+    out = Path(args.out) if args.out else results_dir() / f"{name}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     # Rows go to OUT.partial as each case ends, which becomes OUT once all are measured: a run
     # stopped at its time limit keeps what it measured and leaves the last complete OUT as it was.

@@ -15,7 +15,7 @@ The progression (one config of the one wgmma kernel per step, and the mma.sync k
   +2 consumers   two consumer warpgroups on 128 x 256 (setmaxnreg moves the producer's registers)
   +order         the same with GROUP_M = 8 (neighbouring blocks share B tiles in L2)
 
-    python -m experiments.bench_wgmma                      # -> experiments/results/wgmma_<gpu>.csv
+    python -m experiments.bench_wgmma                      # -> experiments/results/<gpu>/wgmma.csv
     python -m experiments.bench_wgmma --sizes 4096 --runs 3
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
 from kernels_core.timing import bench
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 _W = {"WGMMA": 1, "BLOCK_K": 64, "SPLIT_K": 1}
 STEPS = [
     ("mma.sync", None),
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--runs", type=int, default=5, help="passes over the whole list (default 5)")
     ap.add_argument("--extra", default="", help="more rows: label=JSON config;... (e.g. a tuned winner)")
-    ap.add_argument("--out", type=Path, default=None, help="CSV (default experiments/results/wgmma_<gpu>.csv)")
+    ap.add_argument("--out", type=Path, default=None, help="CSV (default experiments/results/<gpu>/wgmma.csv)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_wgmma needs a CUDA GPU.", file=sys.stderr)
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                          "max_run_ms": max(runs), "runs": len(runs), "tflops": 2 * size**3 / ms / 1e9,
                          "vs_cublas": cublas / ms})
     table = pd.DataFrame(rows)
-    out = args.out or RESULTS / f"wgmma_{device_slug()}.csv"
+    out = args.out or results_dir() / "wgmma.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out, index=False)
     print(table[["size", "dtype", "label", "time_ms", "tflops", "vs_cublas"]].to_string(index=False))

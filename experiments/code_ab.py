@@ -13,7 +13,7 @@ check against float64, and timed as the tuner times it (graph replays of 10 call
 workers in turn, --rounds times (experiments.steps.timings_in_turn): a drift of the GPU's clocks
 falls on both alike.
 
--> results/code_ab_<label>.csv, a row per call, backend and code ("new" this checkout, "old" the
+-> results/<device>/code_ab[_<label>].csv, a row per call, backend and code ("new" this checkout, "old" the
    old tree): median, min and max over the rounds, the config, provenance (commit is this
    checkout's; old_commit the old tree's, from its SOURCE_COMMIT file or its directory name), and the
    SGD calls' momentum (an old tree may force 0.9: experiments/FINDINGS.md, "The tuner's workload"). The summary prints the median old / new ratio and the sum over the step's distinct calls (a call
@@ -36,9 +36,9 @@ from kernels_core.targets import resolve_target
 from autotune.workload import SGD_HYPER
 from kernels_core.mlp import PROTOCOLS, SGD_OPS, mlp_calls
 from experiments.steps import timings_in_turn
-from kernels_core.provenance import REPO, device_slug, provenance
+from kernels_core.provenance import REPO, provenance
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CODES = ("new", "old")  # worker 0, worker 1
 
 
@@ -51,8 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--backends", default="cuda")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--label", default=None, help="results file suffix (default: the device)")
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--label", default=None, help="results file suffix (default: none)")
+    p.add_argument("--results", type=Path, default=None, help="folder (default experiments/results/<device>)")
     args = p.parse_args(argv)
     if not (args.old_tree / "kernels_cuda").is_dir():
         p.error(f"--old-tree {args.old_tree}: no kernels_cuda/ there; make it with git archive REV | tar -x -C DIR")
@@ -128,9 +128,9 @@ def summary(rows: pd.DataFrame) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = measure(args)
-    label = args.label or device_slug()
+    args.results = args.results or results_dir()
     args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"code_ab_{label}.csv"
+    path = args.results / (f"code_ab_{args.label}.csv" if args.label else "code_ab.csv")
     # Both as text, so the file's rows are written back as they were, empty in a column added since.
     text = [pd.read_csv(f, dtype=str, keep_default_na=False)
             for f in ([path] if path.exists() else []) + [io.StringIO(rows.to_csv(index=False, float_format="%.6g"))]]

@@ -28,7 +28,7 @@ dtype, protocol, run length, commit): torch eager, and the fastest torch
 variant there (`best_torch_variant`). `--steps N` makes a step-time-only run
 (run length "N steps", its own key); its accuracy is not the protocol's.
 
-Writes experiments/results/<stem>_<gpu>_<dtype>.csv (stem `compare` for the
+Writes experiments/results/<gpu>/<stem>_<dtype>.csv (stem `compare` for the
 seed protocol, `trainer` for the trainer's default protocol), one row per
 variant x H, and a loss-curve file per variant (every 10th step; runs of the
 protocol's own length only). A rerun skips rows already there for the same
@@ -48,14 +48,14 @@ from pathlib import Path
 
 import torch
 
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
 from kernels_core.store import store_path
 from kernels_core.mlp import PROTOCOLS
 from trainer.config import Config
 from trainer.tuned_configs import target_name
 from trainer.train import train
+from experiments.paths import RESULTS, results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = {
     "torch-eager": dict(backend="torch"),
     "torch-graph": dict(backend="torch", torch_graph=True),
@@ -191,11 +191,11 @@ def main(argv=None) -> int:
     autotune_h = {int(h) for h in args.max_autotune_hidden.split(",") if h}
 
     stem = "compare" if args.protocol == "seed" else "trainer"
-    out = RESULTS / f"{stem}_{device_slug()}_{dtype}.csv"
+    out = results_dir() / f"{stem}_{dtype}.csv"
     rows = existing_rows(out)
     commit = provenance()["commit"]
     done = {tuple(str(r.get(k, "")) for k in KEY): r for r in rows}
-    curves_dir = RESULTS / "loss_curves"
+    curves_dir = results_dir() / "loss_curves"
     curves_dir.mkdir(parents=True, exist_ok=True)
 
     for h in hidden:
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
             done[key] = row
             rows = write_csv(out, [row])
             if run_length(cfg) == protocol_length(args.protocol):  # a step-time-only run keeps the curves
-                write_curve(curves_dir / f"losses_{device_slug()}_{dtype}_{args.protocol}_{variant}.csv", h, losses)
+                write_curve(curves_dir / f"losses_{dtype}_{args.protocol}_{variant}.csv", h, losses)
             print(f"   {s.median_step_us:9.1f} us/step  {_x(row['speedup_vs_torch_eager'])} vs eager  "
                   f"{_x(row['speedup_vs_best_torch'])} vs {row['best_torch_variant']}  setup {s.setup_seconds:.1f} s  "
                   f"acc {s.test_accuracy:.4f}  loss {s.final_loss:.4f}", file=sys.stderr, flush=True)

@@ -11,9 +11,9 @@ search cut short by --seconds resumes on the next run of this command, its secon
    own --seed and --out: the README's recipe for two machines, on one host;
 4. spread: the winners of steps 1 and 2, each timed on every GPU, --rounds times, the GPUs in turn.
 
--> results/gpus_<label>.csv, a row per search step: GPUs, wall seconds, configs measured, studies
+-> results/<device>/gpus[_<label>].csv, a row per search step: GPUs, wall seconds, configs measured, studies
    whose count is not exactly min(budget, valid configs), configs measured twice;
-   results/gpus_spread_<label>.csv, a row per study, winner and GPU: median, min and max of its
+   results/<device>/gpus_spread[_<label>].csv, a row per study, winner and GPU: median, min and max of its
    timings. The summary prints the speed-up of all GPUs over one (issue 17 asks >= 1.7x for two),
    the spread between GPUs against the spread of repeats on one, and the studies whose two
    winners differ by more than that noise.
@@ -36,9 +36,9 @@ from kernels_core.store import load_store, store_path
 from autotune.worker_pool import visible_gpus
 from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.contract import DTYPES
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = ("one", "all", "pair")
 
 
@@ -49,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--rounds", type=int, default=5, help="timings of each winner on each GPU")
     p.add_argument("--seconds", type=float, default=1e9, help="stop a search after this long (it resumes)")
-    p.add_argument("--label", default=None, help="results file suffix (default: the device)")
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--label", default=None, help="results file suffix (default: none)")
+    p.add_argument("--results", type=Path, default=None, help="folder (default experiments/results/<device>)")
     p.add_argument("search_args", nargs="*", help="tuner flags for every search, after -- (not --out, "
                    "--workers, --seed, --storage)")
     args = p.parse_args(argv)
@@ -171,12 +171,13 @@ def main(argv=None) -> int:
     if not run_steps(args, ledger, time.monotonic() + args.seconds):
         return 3
     steps, times = judge(args, plan, ledger), spread(args, plan)
-    label = args.label or device_slug()
+    label = f"_{args.label}" if args.label else ""
+    args.results = args.results or results_dir()
     args.results.mkdir(parents=True, exist_ok=True)
-    steps.to_csv(args.results / f"gpus_{label}.csv", index=False, float_format="%.6g")
-    times.to_csv(args.results / f"gpus_spread_{label}.csv", index=False, float_format="%.6g")
+    steps.to_csv(args.results / f"gpus{label}.csv", index=False, float_format="%.6g")
+    times.to_csv(args.results / f"gpus_spread{label}.csv", index=False, float_format="%.6g")
     print("\n".join(summary(steps, times)))
-    print(f"wrote {args.results / f'gpus_{label}.csv'} and gpus_spread_{label}.csv")
+    print(f"wrote {args.results / f'gpus{label}.csv'} and gpus_spread{label}.csv")
     return 0
 
 

@@ -35,7 +35,7 @@ def main(argv):
     for name in names:
         cfg = replace(base, backend=name, hidden=128, tuned_configs=store, progress=False)
         built = build(cfg)
-    batches, stepper = built.batches, built.stepper
+        batches, stepper = built.batches, built.stepper
         stepper.prepare(capture=True)
         batches.new_epoch()
         for _ in range(200):

@@ -12,7 +12,7 @@ from what one k step costs. At the same config in both twins the two lines say w
 CUDA twin's kernel is the slower one. Each twin's `relu` of 1024 elements is timed too: the floor
 of one launch of that twin inside a graph.
 
--> results/ksweep_<device>.csv, a row per case and round with provenance; the fits printed.
+-> results/<device>/ksweep.csv, a row per case and round with provenance; the fits printed.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ import torch
 
 from experiments.bench_kernels import Case, check, make_call
 from kernels_core import backends as kernel_packages
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
 from kernels_core.reference import native
 from kernels_core.timing import bench_in_graph
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # Triton's winners at 32 x 1024 (seed protocol, H = 1024) and the tile the CUDA twin's take there, in
 # configs both spaces hold (Triton's has no one-warp blocks).
 CONFIGS = (
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             rows.append({**fields, "M": m, "N": n, "dtype": args.dtype, "round": r, "us": bench_in_graph(call).median_ms * 1e3, **prov})
         print(f"round {r + 1}/{args.rounds}: {len(calls)} cases", file=sys.stderr, flush=True)
     times = pd.DataFrame(rows)
-    out = args.out or RESULTS / f"ksweep_{device_slug()}.csv"
+    out = args.out or results_dir() / "ksweep.csv"
     times.to_csv(out, index=False)
     pd.set_option("display.width", 200)
     print(times[times["config"] == "relu 1024"].groupby("backend")["us"].median().rename("launch floor, us"))

@@ -1,18 +1,16 @@
-"""PNG plots next to the CSVs in experiments/results/, for one GPU.
+"""PNG plots next to the CSVs in experiments/results/<gpu>/, for one GPU.
 
     python -m experiments.plots [--gpu h200]
 
-- step_time_<gpu>_<dtype>.png: step time vs H per variant (log-log), and
+- step_time_<dtype>.png: step time vs H per variant (log-log), and
   beneath it the speedup vs the fastest torch variant at each width (named
   above that panel) and vs torch eager (compare_*.csv; a step-time-only run
-  of N steps gets its own, step_time_<gpu>_<dtype>_<N>steps.png);
-- loss_curves_<gpu>_<dtype>.png: every variant's loss curve overlaid;
-- tuned_vs_default_<gpu>.png: speedup of each tuned kernel over its default
-  config (best.json in --tuning-dir, default experiments/<target>/);
-- search_convergence_<gpu>.png: best-so-far vs trial per tuning study
-  (trials.csv in --tuning-dir);
-- roofline_<gpu>.png: the kernels against the measured ceilings
-  (kernels_<gpu>.csv).
+  of N steps gets its own, step_time_<dtype>_<N>steps.png);
+- loss_curves_<dtype>.png: every variant's loss curve overlaid;
+- tuned_vs_default.png: speedup of each tuned kernel over its default
+  config (best.json in --tuning-dir, default experiments/results/<gpu>/tuning/<target>/);
+- roofline.png: the kernels against the measured ceilings
+  (kernels.csv).
 A plot whose input is missing is skipped with a message.
 """
 from __future__ import annotations
@@ -29,15 +27,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments import compare  # noqa: E402
+from experiments.paths import results_dir  # noqa: E402
 from experiments.report import latest, load_compare  # noqa: E402
 
-EXPERIMENTS = Path(__file__).resolve().parent
-RESULTS = EXPERIMENTS / "results"
 
 
 def step_time(gpu: str) -> list[Path]:
     made = []
-    for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")):
+    for path in sorted(results_dir(gpu).glob("compare_*.csv")):
         df = load_compare(path)
         if df.empty:
             continue
@@ -65,15 +62,15 @@ def step_time(gpu: str) -> list[Path]:
             for ax in (mid, bottom):
                 ax.axhline(1.0, color="grey", lw=0.8)
             suffix = "" if length == own else "_" + length.replace(" ", "")
-            made.append(save(fig, f"step_time_{gpu}_{dtype}{suffix}.png"))
+            made.append(save(fig, gpu, f"step_time_{dtype}{suffix}.png"))
     return made
 
 
 def loss_curves(gpu: str) -> list[Path]:
     made = []
-    curves = RESULTS / "loss_curves"
+    curves = results_dir(gpu) / "loss_curves"
     for dtype in ("fp16", "fp32", "bf16"):
-        files = sorted(curves.glob(f"losses_{gpu}_{dtype}_seed_*.csv"))
+        files = sorted(curves.glob(f"losses_{dtype}_seed_*.csv"))
         if not files:
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -84,7 +81,7 @@ def loss_curves(gpu: str) -> list[Path]:
             ax.plot(g.step, g.loss, lw=0.8, label=f"{f.stem.split('_seed_')[-1]} (H={h})")
         ax.set(xlabel="step", ylabel="training loss", yscale="log", title=f"loss curves, {dtype}, {gpu}")
         ax.legend(fontsize=8)
-        made.append(save(fig, f"loss_curves_{gpu}_{dtype}.png"))
+        made.append(save(fig, gpu, f"loss_curves_{dtype}.png"))
     return made
 
 
@@ -103,28 +100,11 @@ def tuned_vs_default(gpu: str, target: str, tuning: Path) -> list[Path]:
     df.plot.barh(ax=ax)
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="tuned / default speed", title=f"what tuning bought per kernel ({target}, {gpu})")
-    return [save(fig, f"tuned_vs_default_{gpu}.png")]
-
-
-def search_convergence(gpu: str, target: str, tuning: Path) -> list[Path]:
-    trials = tuning / "trials.csv"
-    if not trials.exists():
-        return []
-    df = pd.read_csv(trials)
-    df = df[df.status == "ok"].sort_values(["study", "trial"])
-    if df.empty:
-        return []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for study, g in df.groupby("study"):
-        best = g.time_ms.cummin()
-        ax.plot(range(1, len(g) + 1), best / best.iloc[-1], lw=0.8, alpha=0.7)
-    ax.set(xlabel="completed trial", ylabel="best so far / final best", yscale="log",
-           title=f"search convergence, {df.study.nunique()} studies ({target}, {gpu})")
-    return [save(fig, f"search_convergence_{gpu}.png")]
+    return [save(fig, gpu, "tuned_vs_default.png")]
 
 
 def roofline(gpu: str) -> list[Path]:
-    path = RESULTS / f"kernels_{gpu}.csv"
+    path = results_dir(gpu) / "kernels.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
@@ -144,7 +124,7 @@ def roofline(gpu: str) -> list[Path]:
     if mm.empty:  # e.g. `bench_kernels --only elementwise`
         right.set_axis_off()
         right.text(0.5, 0.5, "no matmul rows in this CSV", ha="center")
-        return [save(fig, f"roofline_{gpu}.png")]
+        return [save(fig, gpu, "roofline.png")]
     elt = mm.dtype.map({"fp32": 4, "fp16": 2, "bf16": 2})
     dims = mm["shape"].str.split(":").str[0].str.split("x", expand=True).astype(float)
     m, n, k = dims[0], dims[1], dims[2]
@@ -159,12 +139,12 @@ def roofline(gpu: str) -> list[Path]:
     right.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte of compulsory traffic)",
               ylabel="TFLOP/s", title="matmuls vs the measured roofline")
     right.legend(fontsize=6)
-    return [save(fig, f"roofline_{gpu}.png")]
+    return [save(fig, gpu, "roofline.png")]
 
 
-def save(fig, name: str) -> Path:
+def save(fig, gpu: str, name: str) -> Path:
     fig.tight_layout()
-    path = RESULTS / name
+    path = results_dir(gpu) / name
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -172,18 +152,17 @@ def save(fig, name: str) -> Path:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Draw the lab's plots from the committed CSVs.")
-    ap.add_argument("--gpu", default="h200", help="device slug in the CSV names")
+    ap.add_argument("--gpu", default="h200", help="the device whose results folder to read (experiments/results/<gpu>)")
     ap.add_argument("--target", default="sm_90", help="tuning target (names the plots)")
     ap.add_argument("--tuning-dir", type=Path, default=None,
                     help="folder with the tuner's trials.csv and best.json (default: the committed copy, "
-                         "experiments/results/tuning_<target>)")
+                         "experiments/results/<gpu>/tuning/<target>)")
     args = ap.parse_args(argv)
-    tuning = args.tuning_dir or RESULTS / f"tuning_{args.target}"
+    tuning = args.tuning_dir or results_dir(args.gpu) / "tuning" / args.target
     makers = {
         "step time": lambda: step_time(args.gpu),
         "loss curves": lambda: loss_curves(args.gpu),
         "tuned vs default": lambda: tuned_vs_default(args.gpu, args.target, tuning),
-        "search convergence": lambda: search_convergence(args.gpu, args.target, tuning),
         "roofline": lambda: roofline(args.gpu),
     }
     failed = 0

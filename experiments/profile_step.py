@@ -12,7 +12,7 @@ The device time is the kernels' own; a graphed step adds a gap of about a
 microsecond per kernel, which the sum of the rows leaves out, so compare the
 sum with the step time of experiments.compare to see the launch overhead.
 
-Writes experiments/results/step_profile_<gpu>.csv (provenance columns included)
+Writes experiments/results/<gpu>/step_profile.csv (provenance columns included)
 and prints the table per step.
 """
 from __future__ import annotations
@@ -25,9 +25,10 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from experiments.compare import RESULTS, base_config
-from kernels_core.provenance import device_slug, provenance
+from experiments.compare import base_config
+from kernels_core.provenance import provenance
 from trainer.train import build
+from experiments.paths import results_dir
 
 
 def profile(config, steps: int) -> list[dict]:
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
                     print(f"   {r['device_us_per_step']:8.2f} µs  x{r['calls_per_step']:<4g} {r['kernel'][:90]}")
                 rows += [{"backend": backend, "hidden": h, "dtype": dtype, "protocol": args.protocol, "fused": fuse,
                           **r, **provenance()} for r in got]
-    out = RESULTS / f"step_profile_{device_slug()}.csv"
+    out = results_dir() / "step_profile.csv"
     df = pd.DataFrame(rows)
     if out.exists():  # keep other commits' and settings' rows
         old = pd.read_csv(out)

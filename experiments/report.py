@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import compare
+from experiments.paths import RESULTS, results_dir
 
 EXPERIMENTS = Path(__file__).resolve().parent
-RESULTS = EXPERIMENTS / "results"
 README = EXPERIMENTS.parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -54,7 +54,7 @@ def _gemm_table(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernels_section(gpu: str) -> list[str]:
-    path = RESULTS / f"kernels_{gpu}.csv"
+    path = results_dir(gpu) / "kernels.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
@@ -86,7 +86,7 @@ def kernels_section(gpu: str) -> list[str]:
                   "(experiments/FINDINGS.md, \"Timing method\").", "",
                   _table(piv.rename(columns={"vs_torch": "per call vs cuBLAS",
                                              "graph_vs_torch": "graph replay vs cuBLAS"})), ""]
-    plot = RESULTS / f"roofline_{gpu}.png"
+    plot = results_dir(gpu) / "roofline.png"
     if plot.exists():
         lines += [f"![kernels vs the measured ceilings]({plot.relative_to(README.parent)})", ""]
     if len(failed):
@@ -144,7 +144,7 @@ def _speedup_table(df: pd.DataFrame) -> str:
 
 def compare_section(gpu: str) -> list[str]:
     lines = []
-    for path in sorted(RESULTS.glob(f"compare_{gpu}_*.csv")) + sorted(RESULTS.glob(f"trainer_{gpu}_*.csv")):
+    for path in sorted(results_dir(gpu).glob("compare_*.csv")) + sorted(results_dir(gpu).glob("trainer_fp*.csv")):
         df = load_compare(path)
         if df.empty:
             continue
@@ -166,7 +166,7 @@ def compare_section(gpu: str) -> list[str]:
                 lines += ["Speedups against the best (fastest) torch variant and against torch eager of the same "
                           "run key (width, protocol, run length, commit):", "", _speedup_table(run), ""]
             for name, alt in (("step_time", "step time vs H"), ("loss_curves", "loss curves")):
-                plot = RESULTS / f"{name}_{gpu}_{dtype}.png"
+                plot = results_dir(gpu) / f"{name}_{dtype}.png"
                 if proto == "seed" and full and plot.exists():
                     lines += [f"![{alt}]({plot.relative_to(README.parent)})", ""]
     return lines
@@ -175,7 +175,7 @@ def compare_section(gpu: str) -> list[str]:
 def gemms_section(gpu: str) -> list[str]:
     """The trainer's GEMMs, each twin at its default and tuned config, against cuBLAS in the same run
     (bench_kernels --only trainer): CUDA-graph replays, the kernels' own time."""
-    path = RESULTS / f"trainer_gemms_{gpu}.csv"
+    path = results_dir(gpu) / "trainer_gemms.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
@@ -223,7 +223,7 @@ def gemms_section(gpu: str) -> list[str]:
 
 def wgmma_section(gpu: str) -> list[str]:
     """The CUDA twin's Hopper matmul, step by step against cuBLAS (experiments.bench_wgmma)."""
-    path = RESULTS / f"wgmma_{gpu}.csv"
+    path = results_dir(gpu) / "wgmma.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
@@ -240,7 +240,7 @@ def wgmma_section(gpu: str) -> list[str]:
 
 def tuning_section(gpu: str, target: str) -> list[str]:
     # The committed copy of a tuning run (experiments/<target>/ itself is run output, not committed).
-    path = RESULTS / f"tuning_{target}" / "trials.csv"
+    path = results_dir(gpu) / "tuning" / target / "trials.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
@@ -251,7 +251,7 @@ def tuning_section(gpu: str, target: str) -> list[str]:
              f"`python -m autotune.search --workload mnist-mlp` — {len(df)} trials in "
              f"{df.study.nunique()} studies; outcomes: "
              + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".", ""]
-    plot = RESULTS / f"tuned_vs_default_{gpu}.png"
+    plot = results_dir(gpu) / "tuned_vs_default.png"
     if plot.exists():
         lines += [f"![tuned vs default]({plot.relative_to(README.parent)})", ""]
     return lines
@@ -265,20 +265,20 @@ def search_section(gpu: str) -> list[str]:
     """The samplers replayed on the full grids (experiments.search_quality), and the workload
     search's default budget against a long run (experiments.search_budget)."""
     lines = []
-    summaries = sorted(RESULTS.glob(f"search_quality_{gpu}*_full_summary.csv"))
+    summaries = sorted(results_dir(gpu).glob("search_quality*_full_summary.csv"))
     if summaries:
         from experiments import search_quality as sq
 
         rows = []
         after = (*map(str, sq.CHECKPOINTS), sq.BUDGET_COLUMN)
         for path in summaries:
-            grid = pd.read_csv(RESULTS / path.name.replace("search_quality_", "search_quality_grid_")
-                               .replace("_summary", ""))
+            grid = pd.read_csv(path.with_name(path.name.replace("search_quality", "search_quality_grid")
+                                             .replace("_summary", "")))
             # The best found from the replays' curves cut at the budget the table states: a replay
             # may have run longer (those of 2026-12-01 measured 90 configs of grids whose 10% is 86
             # and 88). The rest as the replay counted it, from times the CSVs keep to 6 digits only.
-            curves = pd.read_csv(RESULTS / path.name.replace("_summary", ""))
-            seeds = pd.read_csv(RESULTS / path.name.replace("_summary", "_seeds"))
+            curves = pd.read_csv(path.with_name(path.name.replace("_summary", "")))
+            seeds = pd.read_csv(path.with_name(path.name.replace("_summary", "_seeds")))
             best = sq.summary_at(curves, seeds, sq.BUDGET_SHARE).set_index(["shape", "sampler"])
             for _, r in pd.read_csv(path).iterrows():
                 at = best.loc[(r["shape"], r["sampler"])]
@@ -288,12 +288,12 @@ def search_section(gpu: str) -> list[str]:
                              "within 1% in 10%": f"{r['success_1%_in_budget']:.0%}",
                              f"best after {' / '.join(after)}": " / ".join(f"{at[f'median_best_at_{k}']:.3f}" for k in after)})
         lines += ["### The tuner's samplers on full grids measured on the H200", "",
-                  "`python -m experiments.search_quality --grid-csv experiments/results/search_quality_grid_<grid>.csv "
+                  "`python -m experiments.search_quality --grid-csv experiments/results/<gpu>/search_quality_grid_<grid>.csv "
                   "--samplers ... --seeds 100 --budget 0.1`: every valid config timed 3 times on the GPU, then each "
                   "sampler replayed through the tuner's own loop, 100 seeds, a budget of 10% of the grid; a trial is a "
                   "distinct config measured; best found as a ratio to the grid's best (median seed).", "",
                   _table(pd.DataFrame(rows)), ""]
-    path = RESULTS / f"search_budget_{gpu}.csv"
+    path = results_dir(gpu) / "search_budget.csv"
     if path.exists():
         df = pd.read_csv(path)
         r = df.iloc[0]
@@ -313,7 +313,7 @@ def accuracy_section() -> list[str]:
     from experiments import accuracy_spread
 
     lines = []
-    for path in sorted(RESULTS.glob("accuracy_spread_*.csv")):
+    for path in sorted(RESULTS.glob("*/accuracy_spread.csv")):
         df = pd.read_csv(path)
         table = accuracy_spread.summary(df).reset_index()
         for col in ("mean", "sd", "min", "max"):

@@ -16,7 +16,7 @@ run again and again under a time limit until it is done:
 
     python -m experiments.search_budget --out experiments/runs/budget --seconds 500
 
--> <out>/search_budget_runs.csv, <results>/search_budget_<label>.csv (a row per
+-> <out>/search_budget_runs.csv, <results>/search_budget[_<label>].csv (a row per
 study) and a printed summary: the share of studies whose default winner is within 3% of the
 long run's best (issue 16 asks >= 90%), and the wall time of each step.
 """
@@ -36,9 +36,9 @@ from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
 from kernels_core.store import load_store, store_path
 from experiments.steps import run_step, step_seconds, timings_in_turn
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
+from experiments.paths import results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WITHIN = 0.03
 BAR = 0.90
 
@@ -54,8 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="alternating re-timings of each differing pair")
     p.add_argument("--seconds", type=float, default=1e9,
                    help="stop a search after this long (it resumes on the next run of this command)")
-    p.add_argument("--label", default=None, help="results file suffix (default: the device)")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where the per-study CSV goes")
+    p.add_argument("--label", default=None, help="results file suffix (default: none)")
+    p.add_argument("--results", type=Path, default=None, help="where the per-study CSV goes (default experiments/results/<device>)")
     p.add_argument("search_args", nargs="*",
                    help="passed to both searches after --, e.g. -- --hidden 128 --workers 10 (not --out, --trials)")
     args = p.parse_args(argv)
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     if not run_steps(args, ledger, time.monotonic() + args.seconds):
         return 3
     table = compare(args, ledger)
-    path = args.results / f"search_budget_{args.label or device_slug()}.csv"
+    path = (args.results or results_dir()) / (f"search_budget_{args.label}.csv" if args.label else "search_budget.csv")
     table.to_csv(path, index=False, float_format="%.6g")
     share = table["within_3pct"].mean()
     print(table[["op", "backend", "shape", "default_trials", "long_trials", "ratio", "within_3pct"]].to_string(index=False))

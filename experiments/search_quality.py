@@ -5,9 +5,9 @@
    --max-configs, at each shape, through the tuner's own worker pool (so the
    numbers are what the tuner sees), each timed --repeats times, the repeats of
    one config apart in time. Every timing is appended as it ends to
-   search_quality_grid_<label>_runs.csv, and a rerun measures only what that
+   search_quality_grid[_<label>]_runs.csv, and a rerun measures only what that
    file lacks, so a run cut short (--grid-seconds, a kill) resumes. Then
-   search_quality_grid_<label>.csv: a row per config, time_ms the median of its
+   search_quality_grid[_<label>].csv: a row per config, time_ms the median of its
    repeats, time_min_ms/time_max_ms/time_spread ((max - min) / median) and
    repeats beside it.
 2. Replay each sampler offline against that table (--grid-csv reads either file,
@@ -17,11 +17,11 @@
    config measured: the tuner never measures one twice.
    Each replay measures exactly --budget's share of the grid (rounded down).
    The grid's backend and dtype are its rows'.
-   -> search_quality_<label>.csv (shape, sampler, seed, trial, best_so_far_ms),
-   search_quality_<label>_seeds.csv (per seed: distinct configs until within 3%
+   -> search_quality[_<label>].csv (shape, sampler, seed, trial, best_so_far_ms),
+   search_quality[_<label>]_seeds.csv (per seed: distinct configs until within 3%
    and 1% of the grid's best, best found after 20 and 45 trials and after 10% of
    the grid, each left empty where the replay's budget ends before it),
-   search_quality_<label>_summary.csv and search_quality_<label>.png (best so
+   search_quality[_<label>]_summary.csv and search_quality[_<label>].png (best so
    far vs trials, median and 10th-90th percentile band over seeds).
 3. Print per sampler and shape: the median configs to within 3% and 1%, the
    share of seeds within 3% in a budget of 10% of the grid, and whether the
@@ -53,9 +53,9 @@ from kernels_core.mlp import Call
 from kernels_core.shapes import parse_shapes
 from kernels_core import backends
 from kernels_core.contract import DTYPES
-from kernels_core.provenance import device_slug, provenance
+from kernels_core.provenance import provenance
+from experiments.paths import RESULTS, results_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WITHIN = (0.03, 0.01)  # reach targets: within 3% and 1% of the grid's best
 BUDGET_SHARE = 0.10  # a seed succeeds if it gets within 3% in this share of the grid
 BAR_SEEDS, BAR_MEDIAN = 0.95, 0.05  # the bar: that often, and a median within this share
@@ -65,6 +65,10 @@ MEASURED_WITH = ("backend", "dtype")  # a grid's columns that say what it was me
 DEFAULTS = {"backend": "triton", "dtype": "fp16"}  # what a new grid is measured with
 YTICKS = (1.0, 1.03, 1.1, 1.25, 1.5, 2.0)
 PER_TIMING = ("repeat", "status", "error", "time_ms", "time_p20_ms", "time_p80_ms")  # replaced by the aggregate
+
+
+def _suffix(label: str) -> str:
+    return f"_{label}" if label else ""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -90,10 +94,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--budget", type=float, default=0.3,
                    help="configs each replay measures, as a share of the grid (rounded down; at least one)")
-    p.add_argument("--label", help="names the outputs (default: the GPU's name, plus _full with --full-grid; "
+    p.add_argument("--label", help="names the outputs (default: none, full with --full-grid; "
                    "with --grid-csv, the grid's)")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=None, help="folder (default experiments/results/<device>)")
     args = p.parse_args(argv)
+    args.out = args.out or results_dir()
     args.samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     unknown = [s for s in args.samplers if s not in studies.SAMPLERS]
     if unknown or not args.samplers:
@@ -368,12 +373,12 @@ def main(argv=None) -> int:
         except GridError as exc:
             print(f"search_quality: error: {exc}", file=sys.stderr)
             return 2
-        stem = args.grid_csv.stem.removeprefix("search_quality_grid_").removesuffix("_runs")
+        stem = args.grid_csv.stem.removeprefix("search_quality_grid").removeprefix("_").removesuffix("_runs")
         label = args.label or stem
     else:
         args.backend, args.dtype = args.backend or DEFAULTS["backend"], args.dtype or DEFAULTS["dtype"]
-        label = args.label or device_slug() + ("_full" if args.full_grid else "")
-        grid = measure_grid(args, args.out / f"search_quality_grid_{label}.csv")
+        label = args.label or ("full" if args.full_grid else "")
+        grid = measure_grid(args, args.out / f"search_quality_grid{_suffix(label)}.csv")
         tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
         if args.measure_only:
             return 0
@@ -383,7 +388,7 @@ def main(argv=None) -> int:
         return 1
     summary = summarize(seeds)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"search_quality_{label}"
+    stem = args.out / f"search_quality{_suffix(label)}"
     curves.to_csv(f"{stem}.csv", index=False, float_format="%.6g")
     seeds.to_csv(f"{stem}_seeds.csv", index=False, float_format="%.6g")
     summary.to_csv(f"{stem}_summary.csv", index=False, float_format="%.6g")

@@ -5,12 +5,12 @@ seed: seed, trials measured (below the budget: the study gave up), best time (be
 picked config was measured). A fourth argument names another sampler (autotune.studies).
 
     # the wgmma region of the fp16 space (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper")
-    python -m experiments.space_replay 8 fp16 "WGMMA == 1" > experiments/results/wgmma_space_replay.txt
+    python -m experiments.space_replay 8 fp16 "WGMMA == 1" > experiments/results/h200/wgmma_space_replay.txt
     # the small 2 x 2 tiles of the fp32 SIMT space (experiments/FINDINGS.md, "SIMT fp32 kernel")
     python -m experiments.space_replay 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \
-        > experiments/results/simt_space_replay.txt
+        > experiments/results/h200/simt_space_replay.txt
     python -m experiments.space_replay 8 fp32 "THREAD_M == THREAD_N == 2 and BLOCK_M * BLOCK_N <= 512" \
-        tpe-valid > experiments/results/simt_space_replay_tpe_valid.txt
+        tpe-valid > experiments/results/h200/simt_space_replay_tpe_valid.txt
 """
 import argparse
 import math

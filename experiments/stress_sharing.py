@@ -9,7 +9,7 @@ Each round must end with exactly the budget measured, no config measured twice a
 every process exiting 0. The storage is a new SQLite file per round, or with
 --storage postgresql a new database per round on a throwaway local PostgreSQL
 server (tests/postgres.py). One CSV row per round:
-experiments/results/stress_sharing_cpu[_postgresql].csv.
+experiments/results/cpu/stress_sharing[_postgresql].csv.
 
     python -m experiments.stress_sharing --rounds 20 [--storage postgresql]
 """
@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from kernels_core.provenance import REPO, provenance
 from tests.postgres import local_server
+from experiments.paths import results_dir
 
 BUDGET = 12
 
@@ -95,10 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--storage", choices=["sqlite", "postgresql"], default="sqlite",
                     help="a new SQLite file per round (default), or a new database per round on a local "
                          "PostgreSQL server started for the run")
-    ap.add_argument("--out", type=Path, help="default experiments/results/stress_sharing_cpu[_postgresql].csv")
+    ap.add_argument("--out", type=Path, help="default experiments/results/cpu/stress_sharing[_postgresql].csv")
     args = ap.parse_args(argv)
     suffix = "" if args.storage == "sqlite" else f"_{args.storage}"
-    args.out = args.out or REPO / "experiments" / "results" / f"stress_sharing_cpu{suffix}.csv"
+    args.out = args.out or results_dir("cpu") / f"stress_sharing{suffix}.csv"
     rng, rows = random.Random(args.seed), []
     prov = provenance()
     with contextlib.ExitStack() as stack:

@@ -13,7 +13,7 @@ _DT_NAME = {code: name for name, code in rt.DT_CODE.items()}
 # (VEC is lowered by the host for misaligned pointers or, for bias_add, a
 # row length it does not divide). Default VEC=4: on the H200, fp32 relu at
 # 256M elements ran at 96% of copy bandwidth with VEC=4 and 77% with VEC=8
-# (two 16-byte loads per vector; experiments/results/kernels_h200.csv).
+# (two 16-byte loads per vector; experiments/results/h200/kernels.csv).
 SPACE = Space(
     params={"num_warps": (1, 2, 4, 8, 16), "VEC": (1, 2, 4, 8), "ITEMS": (1, 2, 4, 8)},
     default={"num_warps": 4, "VEC": 4, "ITEMS": 4},

@@ -279,7 +279,7 @@ def _matmul_kernel(
 # num_stages 2 and 5 and num_warps 1 are left out to keep the space small and
 # dense (the tuner draws each tunable on its own; its first draws are random,
 # so the share of valid configs matters): in a full grid over this space on
-# the H200 (experiments/results/search_quality_grid_h200.csv, fp16) 2 stages
+# the H200 (experiments/results/h200/search_quality_grid.csv, fp16) 2 stages
 # were a third slower than 3 or 4 at both 4096^3 and 128x1024x784; 5 never won.
 _PARAMS = {
     "BLOCK_M": (16, 32, 64, 128, 256),

@@ -2,7 +2,7 @@
 where the store has the exact shape (CPU: the cases are data; timing them needs the H200)."""
 from kernels_core.store import ConfigStore
 from kernels_core.mlp import PROTOCOLS, mlp_calls
-from experiments import bench_kernels
+from experiments import bench_kernels, paths
 
 
 def test_trainer_group_holds_every_distinct_gemm_of_both_protocols_once():
@@ -50,8 +50,9 @@ def test_report_states_each_twins_median_speed_against_cublas_of_the_same_run(tm
     # --repeat 3: every case three times, the middle time the median (two more reps at 0.5x and 3x)
     reps = [dict(r, rep=0) for r in rows] + [dict(r, rep=1, graph_ms=r["graph_ms"] * 0.5) for r in rows] + \
         [dict(r, rep=2, graph_ms=r["graph_ms"] * 3) for r in rows]
-    pd.DataFrame(reps).to_csv(tmp_path / "trainer_gemms_gpu.csv", index=False)
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    (tmp_path / "gpu").mkdir()
+    pd.DataFrame(reps).to_csv(tmp_path / "gpu" / "trainer_gemms.csv", index=False)
+    monkeypatch.setattr(paths, "RESULTS", tmp_path)
     text = "\n".join(report.gemms_section("gpu"))
     assert "| fp32 | cuda | tuned | 3 | 2.00× | 2.00× (1) |" in text  # speedups 2, 0.5, 2
     assert "| fp32 | triton | tuned | 3 | 1.00× | 3.00× (1) |" in text  # speedups 3, 1, 0.5

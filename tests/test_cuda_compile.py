@@ -494,7 +494,7 @@ def test_matmul_space_is_dense_enough_to_search(dtype):
     adds a sparse region: the whole fp16 space at sm_90 was 0.075 dense, and 8 replays of 60 trials
     on it (fake times) never gave up (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper"). SPLIT_K 32 and 64 (experiments/FINDINGS.md, "Split-K") take
     the whole fp16 space to 0.069, where 1 of 8 replays gave up after 48 trials, and the SIMT space
-    to 0.106, where none of 8 did (results/splitk64_space_replay_*.txt): these bounds are that
+    to 0.106, where none of 8 did (results/h200/splitk64_space_replay_*.txt): these bounds are that
     edge. The mma.sync region keeps its density."""
     sp = kc.space("matmul", dtype)
     valid = list(sp.configs(_elt(dtype), 90))

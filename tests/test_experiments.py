@@ -3,7 +3,7 @@ import pytest
 import pandas as pd
 import torch
 
-from experiments import bench_kernels, compare, ksweep, report
+from experiments import bench_kernels, compare, ksweep, paths, report
 
 
 def test_readme_results_section_matches_the_committed_csvs():
@@ -72,6 +72,7 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     store = tmp_path / "best.json"
     store.write_text("{}")
     monkeypatch.setattr(compare, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(paths, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(compare, "train", fake_train)
     monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
@@ -81,7 +82,7 @@ def test_compare_resumes_per_settings_and_store_and_measures_against_its_own_wid
     assert compare.main(args) == 0 and len(trained) == 4  # nothing redone
     store.write_text('{"entries": []}')  # re-tuned: only the tuned rows are redone
     assert compare.main(args) == 0 and trained[4:] == [("cuda", 128, str(store)), ("cuda", 1024, str(store))]
-    rows = pd.read_csv(next((tmp_path / "results").glob("trainer_*_fp32.csv")))
+    rows = pd.read_csv(next((tmp_path / "results").glob("*/trainer_fp32.csv")))
     assert (rows.loc[rows.variant == "cuda-tuned", "speedup_vs_torch_eager"] == 4.0).all()
     assert (rows.loc[rows.variant == "cuda-tuned", "max_loss_diff_vs_torch_eager"] == 0.0).all()
     assert rows.tuned_configs_sha.nunique(dropna=True) == 2 and rows.run_length.eq("10 epochs").all()
@@ -114,6 +115,7 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
 
     results = tmp_path / "results"
     monkeypatch.setattr(compare, "RESULTS", results)
+    monkeypatch.setattr(paths, "RESULTS", results)
     monkeypatch.setattr(compare, "train", fake_train)
     monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
@@ -124,7 +126,7 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
     assert compare.main([*common, "--hidden", "128", "--steps", "300", "--variants", "torch-eager,cuda-default"]) == 0
     assert len(trained) == 9 and trained[-1][-1] == 300
 
-    csv_path = next(results.glob("trainer_*_fp32.csv"))
+    csv_path = next(results.glob("*/trainer_fp32.csv"))
     rows = pd.read_csv(csv_path).set_index(["variant", "hidden", "run_length"])
     full, timing = "10 epochs", "300 steps"
     assert rows.loc[("cuda-default", 128, full), "best_torch_variant"] == "torch-compile-max-graph"
@@ -136,11 +138,10 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
     assert rows.loc[("torch-graph", 128, full), "tracks_torch_eager"] == "yes"
     assert rows.loc[("cuda-default", 128, full), "tracks_torch_eager"].startswith("step 2: relative difference")
     # The step-time-only run left the protocol's loss curves alone.
-    curve = pd.read_csv(next((results / "loss_curves").glob("losses_*_torch-eager.csv")))
+    curve = pd.read_csv(next(results.glob("*/loss_curves/losses_*_torch-eager.csv")))
     assert curve.step.tolist() == [5, 5] and sorted(curve.hidden) == [128, 1024]
 
-    monkeypatch.setattr(report, "RESULTS", results)
-    text = "\n".join(report.compare_section(csv_path.stem.split("_")[1]))
+    text = "\n".join(report.compare_section(csv_path.parent.name))
     assert "10 epochs" in text and "step time only (first 300 steps)" in text and "--steps 300" in text
     assert "| torch-compile-max-graph | **100** |" in text  # H=128: the fastest torch variant, in bold
     assert "| 128 | cuda-default | 150 | torch-compile-max-graph (100 µs) | 0.67× | 6.67× |" in text

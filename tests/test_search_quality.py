@@ -157,7 +157,7 @@ def test_a_summary_cut_at_a_smaller_budget_is_that_budgets_replay(rng):
     pd.testing.assert_frame_equal(cut, sq.summarize(seeds))
 
 
-GRID_CUDA = sq.RESULTS / "search_quality_grid_h200_cuda_fp32_full.csv"
+GRID_CUDA = sq.RESULTS / "h200" / "search_quality_grid_cuda_fp32_full.csv"
 
 
 def test_a_replay_takes_the_grids_backend_and_dtype(tmp_path, capsys):
@@ -166,7 +166,7 @@ def test_a_replay_takes_the_grids_backend_and_dtype(tmp_path, capsys):
     assert sq.main(["--grid-csv", str(GRID_CUDA), "--samplers", "random", "--seeds", "2", "--budget", "0.013",
                     "--out", str(tmp_path)]) in (0, 1)  # 1: random misses the bar
     assert "measured before it existed" not in capsys.readouterr().out
-    curves = pd.read_csv(tmp_path / "search_quality_h200_cuda_fp32_full.csv")
+    curves = pd.read_csv(tmp_path / "search_quality_cuda_fp32_full.csv")
     assert (curves.groupby("seed")["trial"].max() == 11).all()  # 1.3% of 888, rounded down
     grid, tunables, backend, dtype = sq.load_grid(GRID_CUDA)
     assert (backend, dtype) == ("cuda", "fp32") and {"THREAD_M", "THREAD_N"} <= set(tunables)

@@ -95,7 +95,7 @@ def test_run_outputs_are_ignored_by_git():
         pytest.skip("not a git checkout (a copy of the tree)")
     outputs = ["experiments/sm_75/trials.csv", "experiments/cpu/best.json", "experiments/runs/x_torch_h64.csv",
                "experiments/logs/sm_90/worker-0.log", "experiments/tuning.db", "experiments/tuning.db-journal"]
-    kept = ["experiments/results/kernels_h200.csv", "experiments/FINDINGS.md", "experiments/compare.py"]
+    kept = ["experiments/results/h200/kernels.csv", "experiments/FINDINGS.md", "experiments/compare.py"]
     ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", *outputs, *kept],
                              capture_output=True, text=True).stdout.split()
     assert ignored == outputs

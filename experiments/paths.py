@@ -1,0 +1,14 @@
+"""Where the experiments keep what they measure: experiments/results/<device>/, one folder per
+device ("h200", "cpu", ...: kernels_core.provenance.device_slug), each file named for what it holds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernels_core.provenance import device_slug
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir(device: str | None = None) -> Path:
+    """The results folder of `device`, this machine's by default."""
+    return RESULTS / (device or device_slug())
