@@ -1,5 +1,5 @@
 """Is the tuner's default budget enough? The workload search at its default budget against a
-long run of the same studies (issue 16), on the GPU.
+long run of the same studies, on the GPU.
 
 1. `python -m autotune.search --workload mnist-mlp` (the default budget, 50 measured configs per
    study) into a fresh --out, timed; its best.json is kept as best_default.json.
@@ -18,7 +18,7 @@ run again and again under a time limit until it is done:
 
 -> <out>/search_budget_runs.csv, <results>/search_budget[_<label>].csv (a row per
 study) and a printed summary: the share of studies whose default winner is within 3% of the
-long run's best (issue 16 asks >= 90%), and the wall time of each step.
+long run's best (the bar: >= 90%), and the wall time of each step.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Without a CUDA device the Triton kernels run in Triton's interpreter on CPU
 tensors; TRITON_INTERPRET must be set before anything imports triton, so it
 is set here, at collection time.
 
-Every test gets fresh random inputs: a base seed is drawn per session (or
+Every test gets fresh random inputs: a base seed is drawn per test run (or
 taken from KERNEL_TEST_SEED to replay a failure) and mixed with the test's
 node id. The base seed is printed in the header and with every failure.
 
