@@ -216,7 +216,7 @@ def main(argv=None) -> int:
                     help="tuned store for the trainer group (default experiments/<target>/best.json if it exists)")
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
     ap.add_argument("--out", default=None, help="CSV path (default experiments/results/<gpu>/kernels.csv, "
-                    "or trainer_gemms_<gpu>.csv for a run with the trainer group)")
+                    "or trainer_gemms.csv for a run with the trainer group)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
