@@ -18,7 +18,7 @@ import threading
 from autotune import console
 from autotune.plan import Plan
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance
-from autotune.studies import view_space
+from autotune.samplers import view_space
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.worker_pool import WorkerProcess, WorkerStartError, worker_env
 from kernels_core.contract import DTYPES

@@ -44,7 +44,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from autotune import console, studies
+from autotune import console, errors, samplers, storage, studies
 from autotune.evaluate import Evaluator
 from autotune.search import seconds
 from kernels_core.targets import TARGETS, resolve_target
@@ -89,8 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "(default: 150 for a sample, no limit with --full-grid)")
     p.add_argument("--workers", type=int, default=8, help="worker processes compiling in parallel")
     p.add_argument("--timeout", type=seconds, default=60.0)
-    p.add_argument("--samplers", default=f"{studies.DEFAULT_SAMPLER},random",
-                   help=f"comma-separated, of {', '.join(studies.SAMPLERS)} (default: the tuner's default and random)")
+    p.add_argument("--samplers", default=f"{samplers.DEFAULT_SAMPLER},random",
+                   help=f"comma-separated, of {', '.join(samplers.SAMPLERS)} (default: the tuner's default and random)")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--budget", type=float, default=0.3,
                    help="configs each replay measures, as a share of the grid (rounded down; at least one)")
@@ -100,9 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.out = args.out or results_dir()
     args.samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    unknown = [s for s in args.samplers if s not in studies.SAMPLERS]
+    unknown = [s for s in args.samplers if s not in samplers.SAMPLERS]
     if unknown or not args.samplers:
-        p.error(f"--samplers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(studies.SAMPLERS)}")
+        p.error(f"--samplers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(samplers.SAMPLERS)}")
     for flag in ("repeats", "seeds", "max_configs"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -123,7 +123,7 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     target = resolve_target(args.target, compile_only=False)
     space = backends.space(args.backend, "matmul", args.dtype)
     tunables = list(space.params)
-    configs = studies.view_space(space, target, DTYPES[args.dtype].itemsize).valid
+    configs = samplers.view_space(space, target, DTYPES[args.dtype].itemsize).valid
     if not args.full_grid and len(configs) > args.max_configs:
         picked = sorted(random.Random(0).sample(range(len(configs)), args.max_configs))
         print(f"grid: {len(configs)} valid configs on {target.name}; measuring a deterministic sample of "
@@ -133,13 +133,13 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     done = set()
     if runs_path.exists():
         runs = pd.read_csv(runs_path)
-        done = {(r["shape"], studies.config_key({t: int(r[t]) for t in tunables}), int(r["repeat"]))
+        done = {(r["shape"], samplers.config_key({t: int(r[t]) for t in tunables}), int(r["repeat"]))
                 for _, r in runs.iterrows()}
     # Repeat-major: the timings of one config lie a whole pass apart, so a drift of the
     # GPU's clocks or temperature shows in the spread instead of hiding in the median.
     todo = [(repeat, Call("matmul", args.dtype, shape, layout), c) for repeat in range(args.repeats)
             for shape, layout in parse_shapes(args.shapes) for c in configs]
-    todo = [job for job in todo if (job[1].key, studies.config_key(job[2]), job[0]) not in done]
+    todo = [job for job in todo if (job[1].key, samplers.config_key(job[2]), job[0]) not in done]
     print(f"grid: {len(configs)} configs x {len(parse_shapes(args.shapes))} shapes x {args.repeats} repeats; "
           f"{len(todo)} timings to go, the rest in {runs_path}")
     if todo:
@@ -245,21 +245,21 @@ def load_grid(path: Path, backend: str | None = None, dtype: str | None = None
 
 def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, budget: int) -> list[float]:
     """Best time so far after each distinct config measured by one sampler run."""
-    times = {studies.config_key({t: int(r[t]) for t in tunables}): (r["time_ms"] if r["status"] == "ok" else None)
+    times = {samplers.config_key({t: int(r[t]) for t in tunables}): (r["time_ms"] if r["status"] == "ok" else None)
              for _, r in grid.iterrows()}
     valid = [dict(k) for k in times]
     values = {t: sorted({int(v) for v in grid[t]}) for t in tunables}
-    view = studies.SpaceView(space=None, values=values, valid=valid, total=math.prod(len(v) for v in values.values()))
-    study = optuna.create_study(sampler=studies.make_sampler(sampler, seed, values, valid=valid), direction="minimize")
+    view = samplers.SpaceView(space=None, values=values, valid=valid, total=math.prod(len(v) for v in values.values()))
+    study = optuna.create_study(sampler=samplers.make_sampler(sampler, seed, values, valid=valid), direction="minimize")
     runner = studies.StudyRunner(
-        study, view, budget, check=lambda c: None if studies.config_key(c) in times else "not in the measured grid",
-        make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler in studies.ORDINAL_SAMPLERS)
+        study, view, budget, check=lambda c: None if samplers.config_key(c) in times else "not in the measured grid",
+        make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler in samplers.ORDINAL_SAMPLERS)
     curve, best = [], math.inf
     while (candidate := runner.next_candidate()) is not None:
-        t = times[studies.config_key(candidate.config)]
+        t = times[samplers.config_key(candidate.config)]
         runner.complete(candidate, {"status": "ok", "time_ms": t} if t is not None else {"status": "launch_error"})
     for trial in study.get_trials(deepcopy=False):
-        if studies.counts_toward_budget(trial):
+        if storage.counts_toward_budget(trial):
             if trial.user_attrs["status"] == "ok":
                 best = min(best, trial.value)
             curve.append(best)
@@ -363,8 +363,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     for sampler in args.samplers:
         try:
-            studies.make_sampler(sampler, 0, {})
-        except studies.SearchError as exc:
+            samplers.make_sampler(sampler, 0, {})
+        except errors.SearchError as exc:
             print(f"search_quality: error: {exc}", file=sys.stderr)
             return 2
     if args.grid_csv:
@@ -395,10 +395,10 @@ def main(argv=None) -> int:
     plot(curves, seeds, f"{stem}.png")
     report(summary)
     print(f"wrote {stem}.csv, _seeds.csv, _summary.csv and .png")
-    default = summary[summary["sampler"] == studies.DEFAULT_SAMPLER]
+    default = summary[summary["sampler"] == samplers.DEFAULT_SAMPLER]
     if not default.empty:
         meets = bool(default["meets_bar"].all())
-        print(f"the default sampler ({studies.DEFAULT_SAMPLER}) {'meets' if meets else 'misses'} the bar on every "
+        print(f"the default sampler ({samplers.DEFAULT_SAMPLER}) {'meets' if meets else 'misses'} the bar on every "
               f"shape: within {WITHIN[0]:.0%} in >= {BAR_SEEDS:.0%} of seeds with {BUDGET_SHARE:.0%} of the grid, "
               f"median <= {BAR_MEDIAN:.0%}")
         return 0 if meets else 1

@@ -2,7 +2,7 @@
 a predicate picks twice as fast as any other: does a study give up on a sparse space (100 invalid
 suggestions in a row, autotune.studies), and does it measure a picked config at all? One line per
 seed: seed, trials measured (below the budget: the study gave up), best time (below 1.0 only if a
-picked config was measured). A fourth argument names another sampler (autotune.studies).
+picked config was measured). A fourth argument names another sampler (autotune.samplers).
 
     # the wgmma region of the fp16 space (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper")
     python -m experiments.space_replay 8 fp16 "WGMMA == 1" > experiments/results/h200/wgmma_space_replay.txt
@@ -20,7 +20,7 @@ import optuna
 import pandas as pd
 
 import kernels_cuda as kc
-from autotune.studies import SAMPLERS
+from autotune.samplers import SAMPLERS
 from kernels_core.targets import TARGETS
 from kernels_core.contract import DTYPES
 from experiments.search_quality import replay

@@ -1,4 +1,4 @@
-"""Tuned configs as data: best.json, read strictly and looked up by shape.
+"""Tuned configs as data: best.json, read strictly, looked up by shape, written atomically.
 
 A store file holds the winners of one target:
 
@@ -11,13 +11,14 @@ file raises StoreError naming the file, the entry and the problem.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from kernels_core import backends
 from kernels_core.targets import TARGETS, Target
@@ -209,3 +210,18 @@ def save_store(path, store: ConfigStore) -> None:
         f.flush()
         os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+def merge_into_store(path, target: str | Target, entries: Iterable[dict], *, lock) -> None:
+    """Put `entries` into the store at `path` (a new one if there is none), each replacing the
+    entry of its op, backend, dtype and shape. Read, merged and written under an exclusive flock on
+    the file `lock`: two processes on this host merging at once would otherwise both read the old
+    file, and the later rename would drop the other's entries."""
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        store = load_store(path, target) if Path(path).exists() else ConfigStore(_target_name(target))
+        for entry in entries:
+            store.put(entry)
+        save_store(path, store)

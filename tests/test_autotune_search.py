@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from autotune import studies
+from autotune.storage import counts_toward_budget
 from kernels_core.store import load_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +151,7 @@ def test_resume_after_sigkill_redoes_nothing(tmp_path):
     assert len(trials(tmp_path)) == len(rows) and this_run(out.stdout) == (0, 0)
     study = optuna.load_study(study_name="cpu:matmul:fake:fp32:16x16x16:nn", storage=f"sqlite:///{tmp_path / 'tuning.db'}")
     # None left RUNNING with an owner (a kill between `ask` and the owner's write leaves one
-    # without: it holds no claim, studies.reap_dead).
+    # without: it holds no claim, autotune.storage.reap_dead).
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING and "owner" in t.user_attrs]
     assert load_store(tmp_path / "out" / "cpu" / "best.json", "cpu").lookup(
         "matmul", "fake", "fp32", "16x16x16:nn")[1] == "tuned"
@@ -205,7 +205,7 @@ def test_two_workers_share_a_study_without_losing_or_repeating_trials(tmp_path):
     assert not measured.duplicated(["BLOCK_M", "BLOCK_N", "SPLIT"]).any()
     study = optuna.load_study(study_name="cpu:matmul:fake:fp32:16x16x16:tn", storage=f"sqlite:///{tmp_path / 'tuning.db'}")
     # A row per trial that measured or was pruned as invalid; repeats are trials of the study only.
-    assert sorted(t.number for t in study.trials if studies.counts_toward_budget(t)
+    assert sorted(t.number for t in study.trials if counts_toward_budget(t)
                   or t.user_attrs.get("status") == "invalid") == sorted(rows["trial"])
     assert (measured["status"] == "ok").all()
 

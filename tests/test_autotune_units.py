@@ -13,6 +13,8 @@ import torch
 from optuna.trial import TrialState
 
 from autotune import studies, workload
+from autotune.samplers import SpaceView, config_key, make_sampler
+from autotune.storage import HOST, OWNER, counts_toward_budget, measured_elsewhere, open_storage, reap_dead
 from kernels_core import mlp, shapes, targets
 from kernels_core import backends
 from kernels_core.store import ConfigStore, StoreError, load_store, save_store
@@ -337,11 +339,11 @@ def test_store_refuses_a_config_the_target_cannot_run(tmp_path):
 
 # -- studies: the budget, repeats and dead processes, on a real storage ---------------
 
-def _view(values: dict, check=lambda c: None, enumerate_valid: bool = True) -> studies.SpaceView:
+def _view(values: dict, check=lambda c: None, enumerate_valid: bool = True) -> SpaceView:
     import itertools
     combos = [dict(zip(values, c)) for c in itertools.product(*values.values())]
     valid = [c for c in combos if check(c) is None] if enumerate_valid else None
-    return studies.SpaceView(None, values, valid, len(combos))
+    return SpaceView(None, values, valid, len(combos))
 
 
 def _runner(study, budget, values, check=lambda c: None, **kw) -> studies.StudyRunner:
@@ -368,7 +370,7 @@ def _run(runner, timeout_s: float = 60) -> list[dict]:
     return measured[:-1]
 
 
-def _claim(study, config, owner=studies.OWNER, **attrs):
+def _claim(study, config, owner=OWNER, **attrs):
     """A trial as another process leaves it after writing its owner and its config."""
     trial = study.ask()
     for key, value in {"owner": owner, "config": config, **attrs}.items():
@@ -404,21 +406,21 @@ def test_a_kill_at_any_write_leaves_a_trial_that_is_redone(storage_url):
     """The windows a SIGKILL can hit in one trial's writes, replayed on a real storage: every
     trial left behind is failed and its config measured again, or (killed before its owner was
     written) left RUNNING without a claim, where it holds no budget."""
-    study = optuna.create_study(storage=studies.open_storage(storage_url))
-    dead = f"{studies.HOST}:{_dead_pid()}"
+    study = optuna.create_study(storage=open_storage(storage_url))
+    dead = f"{HOST}:{_dead_pid()}"
     unowned = study.ask()
     claimed = _claim(study, {"B": 2}, owner=dead, measuring=True)  # killed while measuring
     written = _claim(study, {"B": 9}, owner=dead, measuring=True)  # killed between its outcome and its state
     for key, value in (("row", {"time_ms": 2.5}), ("status", "ok")):
         written.set_user_attr(key, value)
-    studies.reap_dead(study)
+    reap_dead(study)
     state = {t.number: t.state for t in study.get_trials()}
     assert state == {unowned.number: TrialState.RUNNING, claimed.number: TrialState.FAIL,
                      written.number: TrialState.FAIL}
     runner = _runner(study, budget=3, values={"B": [1, 2, 9]})
     runner.study.sampler = optuna.samplers.RandomSampler(seed=0)
     assert sorted(c["B"] for c in _run(runner)) == [1, 2, 9]
-    assert sum(studies.counts_toward_budget(t) for t in study.get_trials()) == 3
+    assert sum(counts_toward_budget(t) for t in study.get_trials()) == 3
 
 
 def test_trials_left_by_dead_processes_never_stall_the_survivors(storage_url):
@@ -431,7 +433,7 @@ def test_trials_left_by_dead_processes_never_stall_the_survivors(storage_url):
     elsewhere = _claim(study, {"B": 9}, owner="another-host:1", measuring=True)
     storage.record_heartbeat(storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(study.study_name), elsewhere.number))  # its last beat
-    here = _claim(study, {"B": 2}, owner=f"{studies.HOST}:{_dead_pid()}", measuring=True)
+    here = _claim(study, {"B": 2}, owner=f"{HOST}:{_dead_pid()}", measuring=True)
     configless = study.ask()
     runner = _runner(study, budget=2, values={"B": [1, 2, 9]})
     start = time.monotonic()
@@ -440,13 +442,13 @@ def test_trials_left_by_dead_processes_never_stall_the_survivors(storage_url):
     state = {t.number: t.state for t in study.get_trials()}
     assert state[elsewhere.number] == state[here.number] == TrialState.FAIL
     assert state[configless.number] == TrialState.RUNNING
-    assert sum(studies.counts_toward_budget(t) for t in study.get_trials()) == 2
+    assert sum(counts_toward_budget(t) for t in study.get_trials()) == 2
 
 
 def test_claims_ahead_take_the_last_slots_and_their_configs(storage_url):
     """Claims of processes deciding one after another: a config measured is reused, one
     claimed ahead is not measured again, and the claims ahead fill the budget."""
-    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    study = optuna.create_study(storage=open_storage(storage_url))
     runner = _runner(study, budget=3, values={"B": [1, 2, 3, 4]})
     first = _measured(study, {"B": 1})
     mine = _claim(study, {"B": 2})
@@ -469,7 +471,7 @@ def test_claims_ahead_take_the_last_slots_and_their_configs(storage_url):
 def test_an_earlier_claim_waits_for_a_later_one_to_decide(storage_url):
     """Two claims made before either decides: the earlier waits for the later, which counts
     it and finds the budget full; only then does the earlier take the slot."""
-    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    study = optuna.create_study(storage=open_storage(storage_url))
     runner = _runner(study, budget=1, values={"B": [1, 2]})
     early, late = _claim(study, {"B": 1}), _claim(study, {"B": 2})
     verdicts = []
@@ -486,10 +488,10 @@ def test_an_earlier_claim_waits_for_a_later_one_to_decide(storage_url):
 def test_a_config_claimed_late_by_an_earlier_trial_is_not_measured_twice(storage_url):
     """An earlier trial whose sampler was slow claims the config a later one already measures:
     it leaves it to that one, and the later trial's slot counts against its budget."""
-    study = optuna.create_study(storage=studies.open_storage(storage_url))
+    study = optuna.create_study(storage=open_storage(storage_url))
     runner = _runner(study, budget=2, values={"B": [1, 2]})
     slow = study.ask()
-    slow.set_user_attr("owner", studies.OWNER)
+    slow.set_user_attr("owner", OWNER)
     fast = _claim(study, {"B": 2})
     assert _place(runner, fast, {"B": 2}) == ("measure", None)
     slow.set_user_attr("config", {"B": 2})
@@ -503,20 +505,20 @@ def test_a_resumed_search_spends_no_budget_on_configs_already_measured(storage_u
     """A search of 5, resumed with a budget of 12 by a new process whose random sampler (same
     seed) proposes the same configs again: those are told their results at no cost, and the
     study ends with 12 distinct configs measured."""
-    storage = studies.open_storage(storage_url)
+    storage = open_storage(storage_url)
     values = {"A": list(range(6)), "B": list(range(6))}
     before = set()
     for budget in (5, 12):
         study = optuna.create_study(study_name="s", storage=storage, load_if_exists=True,
-                                    sampler=studies.make_sampler("random", 7, values))
+                                    sampler=make_sampler("random", 7, values))
         runner = _runner(study, budget, values)
-        measured = [studies.config_key(c) for c in _run(runner)]
+        measured = [config_key(c) for c in _run(runner)]
         assert not set(measured) & before and len(set(measured)) == len(measured)
         before |= set(measured)
     assert len(before) == 12 and runner.reused >= 5  # the resumed sampler replayed the first five
     trials = study.get_trials()
-    assert sum(studies.counts_toward_budget(t) for t in trials) == 12
-    assert all(not studies.counts_toward_budget(t) for t in trials if "reused_from" in t.user_attrs)
+    assert sum(counts_toward_budget(t) for t in trials) == 12
+    assert all(not counts_toward_budget(t) for t in trials if "reused_from" in t.user_attrs)
 
 
 def test_a_study_whose_valid_configs_are_all_measured_ends_early_and_says_so():
@@ -543,15 +545,15 @@ def test_a_sampler_that_only_repeats_itself_is_asked_a_bounded_number_of_times()
 def test_configs_measured_under_another_prefix_are_reused(storage_url):
     """A config measured by a study of the same target/op/backend/dtype/shape under another
     prefix is told its result at no cost, never measured again."""
-    storage = studies.open_storage(storage_url)
+    storage = open_storage(storage_url)
     key = "cpu:matmul:fake:fp32:16x16x16:nn"
     old = optuna.create_study(study_name="old-" + key, storage=storage)
     first = _measured(old, {"B": 1}, time_ms=0.5)
     first_row = old.trials[first.number].user_attrs["row"]
     _measured(optuna.create_study(study_name="cpu:matmul:fake:fp32:116x16x16:nn", storage=storage), {"B": 2})
-    known = studies.measured_elsewhere(storage, "new-" + key, key)
+    known = measured_elsewhere(storage, "new-" + key, key)
     source = f"old-{key}#{first.number}"
-    assert list(known) == [studies.config_key({"B": 1})] and known[studies.config_key({"B": 1})][0] == source
+    assert list(known) == [config_key({"B": 1})] and known[config_key({"B": 1})][0] == source
     assert _runner(optuna.create_study(study_name="new-" + key, storage=storage), 5, {"B": [1, 2]},
                    known=known).left() == 1
     # Too large to enumerate, and a sampler that only proposes B=1: nothing is measured. (The
@@ -579,19 +581,19 @@ def test_tpe_valid_measures_only_valid_new_configs_and_chooses_through_tpe(stora
                         lambda self, *args: scored.append(1) or acquisition(self, *args))
     view = _view(values, check)
     seed = int(torch.randint(0, 2**31, (1,), generator=rng))
-    sampler = studies.make_sampler("tpe-valid", seed, values, valid=view.valid)
-    study = optuna.create_study(storage=studies.open_storage(storage_url), sampler=sampler)
+    sampler = make_sampler("tpe-valid", seed, values, valid=view.valid)
+    study = optuna.create_study(storage=open_storage(storage_url), sampler=sampler)
     runner = _runner(study, len(view.valid) + 5, values, check, ordinal=True)
     measured = _run(runner)
-    assert sorted(map(studies.config_key, measured)) == sorted(map(studies.config_key, view.valid))
+    assert sorted(map(config_key, measured)) == sorted(map(config_key, view.valid))
     assert runner.invalid == runner.reused == 0 and len(study.trials) == len(view.valid) == 66
     assert runner.ended == "all 66 valid configs measured" and scored
 
 
 def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
     """A dropped trial measured nothing: the grid proposes its point next, then every other once."""
-    sampler = studies.make_sampler("grid", 0, {"B": [1, 2, 3, 4, 5]})
-    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{tmp_path / 't.db'}"), sampler=sampler)
+    sampler = make_sampler("grid", 0, {"B": [1, 2, 3, 4, 5]})
+    study = optuna.create_study(storage=open_storage(f"sqlite:///{tmp_path / 't.db'}"), sampler=sampler)
     seen = []
     for _ in range(6):
         trial = study.ask()

@@ -488,7 +488,7 @@ def test_tc_warp_grid_is_one_the_kernel_runs(arch):
 def test_matmul_space_is_dense_enough_to_search(dtype):
     """A sampler that suggests each tunable on its own (among the values valid configs use), the
     tuner's `--sampler tpe`, gives up a study after 100 invalid suggestions in a row
-    (autotune.studies; the default, tpe-valid, suggests valid configs only). Replaying plain TPE on
+    (autotune.samplers; the default, tpe-valid, suggests valid configs only). Replaying plain TPE on
     the spaces before split-K (valid fraction 0.13-0.20) and with it (0.14-0.15), no run came
     within 60 of that; at 0.08, one in four came within 6. The wgmma kernel (WGMMA=1, sm_90 only)
     adds a sparse region: the whole fp16 space at sm_90 was 0.075 dense, and 8 replays of 60 trials

@@ -869,7 +869,7 @@ def test_space_shape(ops):
             assert isinstance(sp, Space)
             configs = list(sp.configs(contract.DTYPES[dtype].itemsize, 90))
             assert sp.default in configs, f"{op}/{dtype}: default {sp.default} fails its own restrictions"
-            # The default sampler proposes valid, unmeasured configs only (autotune.studies: tpe-valid),
+            # The default sampler proposes valid, unmeasured configs only (autotune.samplers: tpe-valid),
             # so a space may pass 1000 configs; the CUDA SIMT matmul's 8422 is the largest (its thread
             # tiles of 2 are valid wherever the warp rules allow, and it has four pipelines:
             # kernels_cuda/matmul.py says why).

@@ -19,6 +19,7 @@ import pytest
 from autotune import compile_sweep, console, search
 from autotune.evaluate import Evaluator
 from autotune.plan import build_plan
+from autotune.storage import shown_url
 from tests.test_tuner_inputs import fake_registered, one_error_line, rand  # noqa: F401 - fixtures
 
 ERROR = f"{console.PREFIX}: error: "
@@ -162,7 +163,7 @@ def test_a_storage_of_no_file_is_refused_with_what_to_pass(url, capsys):
     ("notaurl", "notaurl"),
 ])
 def test_a_storage_url_is_shown_without_its_password_parseable_or_not(url, shown):
-    assert search.shown_url(url) == shown
+    assert shown_url(url) == shown
 
 
 def test_an_unparseable_storage_url_is_refused_without_its_password(tmp_path, capsys):
@@ -242,7 +243,7 @@ def test_the_summary_after_ctrl_c_says_what_was_done_and_names_only_files_there(
 
 # runpy runs the module's code afresh beside the copy this test file imported, and says so.
 @pytest.mark.filterwarnings("ignore:'autotune.search' found in sys.modules:RuntimeWarning")
-@pytest.mark.parametrize("module", ["optuna", "autotune.plan", "kernels_core.contract"])
+@pytest.mark.parametrize("module", ["sqlalchemy.exc", "autotune.plan", "kernels_core.contract"])
 def test_ctrl_c_while_the_tuner_loads_ends_in_one_line_and_130(monkeypatch, capsys, module):
     """As `python -m autotune.search` runs it, with the import of `module` (the first, one in the
     middle, the last) cut by a Ctrl-C."""

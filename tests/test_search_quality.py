@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from autotune import search, studies
+from autotune import search
+from autotune.samplers import DEFAULT_SAMPLER, SAMPLERS, config_key, view_space
 from experiments import search_quality as sq
 
 VALUES = {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [16, 32, 64], "num_warps": [2, 4]}
@@ -31,7 +32,7 @@ def fake_grid(rng: torch.Generator, shapes=("64x64x64:nn", "128x64x32:nn"), drop
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("sampler", [s for s in studies.SAMPLERS if s not in ("cmaes", "gp")])
+@pytest.mark.parametrize("sampler", [s for s in SAMPLERS if s not in ("cmaes", "gp")])
 def test_every_candidate_sampler_measures_distinct_configs_and_never_gets_worse(rng, sampler):
     grid = fake_grid(rng, shapes=("64x64x64:nn",))
     curve = sq.replay(grid, list(VALUES), sampler, int(torch.randint(0, 2**31, (1,), generator=rng)), budget=12)
@@ -48,7 +49,7 @@ def test_a_replay_with_budget_for_the_whole_grid_finds_its_best(rng):
 
 
 def test_the_tuner_runs_the_default_sampler_without_a_sampler_flag():
-    assert search.parse_args([]).sampler == studies.DEFAULT_SAMPLER in studies.SAMPLERS
+    assert search.parse_args([]).sampler == DEFAULT_SAMPLER in SAMPLERS
 
 
 def test_seed_figures_and_the_summary_count_distinct_configs_to_each_target():
@@ -108,7 +109,7 @@ def test_the_full_grid_is_timed_repeats_times_and_a_rerun_measures_only_what_is_
     argv = ["--backend", "fake", "--target", "cpu", "--full-grid", "--shapes", "32x32x32,64x32x16",
             "--samplers", "tpe,random", "--seeds", "2", "--out", str(tmp_path), "--label", "fake"]
     assert sq.main([*argv, "--repeats", "2"]) in (0, 1)  # 1: the bar missed on a random table
-    valid = len(studies.view_space(sq.backends.space("fake", "matmul", "fp32"), sq.TARGETS["cpu"], 2).valid)
+    valid = len(view_space(sq.backends.space("fake", "matmul", "fp32"), sq.TARGETS["cpu"], 2).valid)
     assert FakePool.calls == 2 * 2 * valid
     assert sq.main([*argv, "--repeats", "3", "--measure-only"]) == 0
     assert FakePool.calls == 3 * 2 * valid  # the third repeat only
@@ -170,7 +171,7 @@ def test_a_replay_takes_the_grids_backend_and_dtype(tmp_path, capsys):
     assert (curves.groupby("seed")["trial"].max() == 11).all()  # 1.3% of 888, rounded down
     grid, tunables, backend, dtype = sq.load_grid(GRID_CUDA)
     assert (backend, dtype) == ("cuda", "fp32") and {"THREAD_M", "THREAD_N"} <= set(tunables)
-    assert len({studies.config_key({t: int(r[t]) for t in tunables}) for _, r in grid.iterrows()}) == len(grid) == 888
+    assert len({config_key({t: int(r[t]) for t in tunables}) for _, r in grid.iterrows()}) == len(grid) == 888
 
 
 @pytest.mark.parametrize("flags, words", [(["--backend", "triton"], "measured with backend cuda, not --backend triton"),

@@ -246,10 +246,10 @@ def test_a_database_that_opens_but_fails_later_gets_one_line(tmp_path, capsys):
 
     import optuna
 
-    from autotune import studies
+    from autotune.storage import open_storage
 
     db = tmp_path / "tuning.db"
-    study = optuna.create_study(storage=studies.open_storage(f"sqlite:///{db}"), study_name="cpu:relu:fake:fp32:32x64")
+    study = optuna.create_study(storage=open_storage(f"sqlite:///{db}"), study_name="cpu:relu:fake:fp32:32x64")
     study.ask()
     with sqlite3.connect(db) as con:
         con.executescript("DROP TABLE trial_user_attributes; CREATE TABLE trial_user_attributes (x INTEGER);")
