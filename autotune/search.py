@@ -276,6 +276,7 @@ def _main(argv) -> int:
         if not plan.jobs:
             raise SearchError("nothing to tune: " + ("; ".join(plan.skipped) or "no jobs"))
         search = Search(plan, args, args.trials or DEFAULT_TRIALS)
+        print(f"incumbents: {search.incumbents.note.removeprefix('configs: ')}")
         interrupted = search.run()
         print_summary(search, interrupted)
         if interrupted:

@@ -1,6 +1,6 @@
 """A search over a plan's studies: worker threads measure each study's trials, the study's
-winner is judged against the default config, torch and best.json's entry, and kept winners are
-merged into best.json after each study.
+winner is judged against the default config, torch and the incumbent (best.json's entry, else
+the one shipped for this GPU), and kept winners are merged into best.json after each study.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import sys
 import threading
 from collections import Counter
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -25,7 +26,8 @@ from autotune.trials_csv import TrialsCsv, columns
 from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
-from kernels_core.store import load_store, merge_into_store, store_path
+from kernels_core.store import choose_store, load_store, merge_into_store, store_path
+from kernels_core.targets import local_gpu
 
 # A worker's crash, hang or failure to launch: counted against the worker, in a row
 # (--max-failures-in-a-row), since a lost GPU fails every config the same way.
@@ -43,8 +45,11 @@ class Search:
         self.out_dir = args.out / self.target.name
         self.csv = TrialsCsv(self.out_dir / "trials.csv", columns(plan.tunables()))
         self.best_path = store_path(args.out, self.target.name)
-        if self.best_path.exists():
-            load_store(self.best_path, self.target)  # refuse to build on a broken file
+        local = local_gpu()
+        # The configs each winner must beat: best.json's, else those shipped for this GPU.
+        self.incumbents = choose_store(args.out, self.target.name, local[1] if local else None)
+        if self.incumbents.path is not None:
+            load_store(self.incumbents.path, self.target)  # refuse to build on a broken file
         self.storage = open_storage(args.storage)
         self.lock = threading.Lock()
         self.heartbeat = Heartbeat(self.storage)
@@ -125,8 +130,8 @@ class Search:
                 self.csv.append(t.user_attrs["row"])
 
     def baselines(self, job: Job, study: optuna.Study) -> dict:
-        """The default config's time, torch's, and the incumbent's: the config best.json already
-        holds for this call (a valid one the study has not measured; the default's time when it is
+        """The default config's time, torch's, and the incumbent's: the config best.json (else the
+        store shipped for this GPU) already holds for this call (a valid one the study has not measured; the default's time when it is
         the default), which the study's winner must beat in this run to replace (_write_best). A
         re-tune after a kernel change, or with another seed or storage, draws other configs; its
         best of a budget can be slower than the entry it would overwrite, and times recorded in
@@ -158,10 +163,11 @@ class Search:
         return out
 
     def _incumbent(self, job: Job) -> dict | None:
-        """best.json's config for this call, resolved, if the space and the target still take it."""
-        if not self.best_path.exists():
+        """The incumbent store's config for this call (best.json's, else the one shipped for this
+        GPU), resolved, if the space and the target still take it."""
+        if self.incumbents.path is None:
             return None
-        entry = load_store(self.best_path, self.target).entries.get(
+        entry = load_store(self.incumbents.path, self.target).entries.get(
             (job.call.op, job.backend, job.call.dtype, job.call.key))
         if entry is None:
             return None
@@ -276,7 +282,12 @@ class Search:
             summary.update({"best config": _fmt_config(baselines["incumbent"]), "time_ms": t,
                             "vs default": default_ms / t if default_ms else None,
                             "vs torch": torch_ms / t if torch_ms else None,
-                            "note": f"best.json's entry kept: the study's best took {best.user_attrs['row']['time_ms']:.4g} ms"})
+                            "note": f"{self._incumbent_name()} entry kept: the study's best took "
+                                    f"{best.user_attrs['row']['time_ms']:.4g} ms"})
+            if self.incumbents.kind == "shipped":  # best.json, once written, replaces the shipped store whole
+                shipped = load_store(self.incumbents.path, self.target).entries[
+                    (job.call.op, job.backend, job.call.dtype, job.call.key)]
+                merge_into_store(self.best_path, self.target, [shipped], lock=self._lock_path())
         if best is not None and not kept:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
@@ -288,11 +299,16 @@ class Search:
             for key in ("time_ms", "time_p20_ms", "time_p80_ms", "default_ms", "torch_ms",
                         "speedup_vs_default", "speedup_vs_torch"):
                 entry[key] = row.get(key)
-            merge_into_store(self.best_path, self.target, [entry],
-                             lock=self.args.out / "logs" / self.target.name / "best.json.lock")
+            merge_into_store(self.best_path, self.target, [entry], lock=self._lock_path())
             summary.update({"best config": _fmt_config(entry["config"]), "time_ms": row["time_ms"],
                             "vs default": row.get("speedup_vs_default"), "vs torch": row.get("speedup_vs_torch")})
         self.summary.append(summary)
+
+    def _incumbent_name(self) -> str:
+        return "the shipped store's" if self.incumbents.kind == "shipped" else "best.json's"
+
+    def _lock_path(self) -> Path:
+        return self.args.out / "logs" / self.target.name / "best.json.lock"
 
     # -- the whole run ---------------------------------------------------------------
     def run(self) -> bool:

@@ -213,7 +213,8 @@ def main(argv=None) -> int:
                     "(elementwise, gemm, mlp, trainer)")
     ap.add_argument("--backends", default="cuda,triton,torch")
     ap.add_argument("--tuned-configs", default=None,
-                    help="tuned store for the trainer group (default experiments/<target>/best.json if it exists)")
+                    help="tuned store for the trainer group (default experiments/<target>/best.json, else the one "
+                         "shipped for this GPU)")
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
     ap.add_argument("--out", default=None, help="CSV path (default experiments/results/<gpu>/kernels.csv, "
                     "or trainer_gemms.csv for a run with the trainer group)")
@@ -275,15 +276,15 @@ def main(argv=None) -> int:
 
 def _tuned_store(path):
     """The tuned store for the local GPU, or None (then the trainer group times defaults only)."""
-    from kernels_core.store import load_store, store_path
+    from kernels_core.store import choose_local_store, load_store
     from trainer.tuned_configs import target_name
 
-    target = target_name("auto")
-    path = Path(path) if path else store_path(RESULTS.parent, target)
-    if not path.exists():
-        print(f"no tuned store at {path}: the trainer group times default configs only", file=sys.stderr)
+    path = Path(path) if path else choose_local_store(RESULTS.parent).path
+    if path is None or not path.exists():
+        print(f"no tuned store ({path or 'none of yours or shipped'}): the trainer group times default configs only",
+              file=sys.stderr)
         return None
-    return load_store(path, target)
+    return load_store(path, target_name("auto"))
 
 
 def _fmt(v, spec):

@@ -49,10 +49,9 @@ from pathlib import Path
 import torch
 
 from kernels_core.provenance import provenance
-from kernels_core.store import store_path
+from kernels_core.store import choose_local_store
 from kernels_core.mlp import PROTOCOLS
 from trainer.config import Config
-from trainer.tuned_configs import target_name
 from trainer.train import train
 from experiments.paths import RESULTS, results_dir
 
@@ -172,7 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None,
                     help="run N steps instead of the protocol's: a step-time-only run, recorded under its own "
                          "run length (its accuracy is not the protocol's)")
-    ap.add_argument("--tuned-configs", default=None, help="tuned config store (default experiments/<target>/best.json)")
+    ap.add_argument("--tuned-configs", default=None, help="tuned config store (default experiments/<target>/best.json, else the one shipped for this GPU)")
     ap.add_argument("--quick", action="store_true", help="H 128,1024 and 500 steps: a smoke run")
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
@@ -187,7 +186,7 @@ def main(argv=None) -> int:
     hidden = [128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")]
     steps = 500 if args.quick and not args.steps else args.steps
     base = base_config(args.protocol, dtype, steps)
-    tuned = Path(args.tuned_configs) if args.tuned_configs else store_path(RESULTS.parent, target_name("auto"))
+    tuned = Path(args.tuned_configs) if args.tuned_configs else choose_local_store(RESULTS.parent).path
     autotune_h = {int(h) for h in args.max_autotune_hidden.split(",") if h}
 
     stem = "compare" if args.protocol == "seed" else "trainer"
@@ -205,8 +204,9 @@ def main(argv=None) -> int:
                 continue
             spec = dict(VARIANTS[variant])
             if spec.get("tuned_configs") == "TUNED":
-                if not tuned.exists():
-                    print(f"skip {variant} h{h}: no tuned configs at {tuned}", file=sys.stderr)
+                if tuned is None or not tuned.exists():
+                    print(f"skip {variant} h{h}: no tuned configs ({tuned or 'none of yours or shipped'})",
+                          file=sys.stderr)
                     continue
                 spec["tuned_configs"] = str(tuned)
             cfg = replace(base, hidden=h, **spec)

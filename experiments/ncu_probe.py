@@ -32,7 +32,7 @@ from trainer.tuned_configs import target_name
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="8192x8192x32:tn")
-    ap.add_argument("--tuned-configs", default="experiments/results/h200/trainer_configs/sm_90/best.json")
+    ap.add_argument("--tuned-configs", default="kernels_core/tuned/h200.json")
     args = ap.parse_args(argv)
     store = load_store(args.tuned_configs, target_name("auto"))
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -8,6 +8,11 @@ A store file holds the winners of one target:
 
 Everything is validated on load, before a config can reach a compiler: a bad
 file raises StoreError naming the file, the entry and the problem.
+
+Stores of the GPUs the lab tuned ship with the package (kernels_core/tuned/<gpu>.json; each
+entry's provenance names the machine that timed it). `choose_store` says which store a run
+uses: the user's own, else the one shipped for their GPU, else one shipped for another GPU of
+the same target (with a warning), else none (default configs).
 """
 from __future__ import annotations
 
@@ -16,12 +21,14 @@ import json
 import math
 import os
 import secrets
+from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from kernels_core import backends
-from kernels_core.targets import TARGETS, Target
+from kernels_core.targets import TARGETS, Target, local_gpu
 from kernels_core.shapes import FUSED_LAYOUT, LAYOUTS, OP_RANK, parse_shape_key
 from kernels_core.contract import DTYPES, OPS
 from kernels_core.space import Space
@@ -36,6 +43,8 @@ OPTIONAL = {
 }
 
 Key = tuple[str, str, str, str]  # op, backend, dtype, shape key
+SHIPPED = Path(__file__).resolve().parent / "tuned"
+TUNE = "python -m autotune.search"
 
 
 class StoreError(ValueError):
@@ -45,6 +54,57 @@ class StoreError(ValueError):
 def store_path(out, target: str) -> Path:
     """Where the tuner writes, and the trainer looks for, a target's winners: <out>/<target>/best.json."""
     return Path(out) / target / "best.json"
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """The store a run uses (None: default configs) and the line that tells the user which."""
+
+    path: Path | None
+    kind: str  # "yours", "shipped", "none"
+    note: str
+    warning: bool = False
+
+
+def tuned_on(data: dict) -> str | None:
+    """The device that timed most of a store's entries (their provenance), or None if none says."""
+    devices = Counter(e.get("provenance", {}).get("device") for e in data.get("entries", []) if isinstance(e, dict))
+    devices.pop(None, None)
+    return devices.most_common(1)[0][0] if devices else None
+
+
+def choose_store(out, target: str, device: str | None) -> StoreChoice:
+    """Which store a run for `target` on the GPU named `device` (None: no GPU) uses, in order:
+    <out>/<target>/best.json, the store shipped for `device`, a store shipped for another GPU of
+    `target` (its configs fit the target's limits but were timed elsewhere: a warning), none."""
+    own = store_path(out, target)
+    if own.exists():
+        return StoreChoice(own, "yours", f"configs: {own} (tuned here)")
+    others = []
+    for path in sorted(SHIPPED.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: the shipped store cannot be read: {exc}") from None
+        if data.get("target") != target:
+            continue
+        if device is not None and tuned_on(data) == device:
+            return StoreChoice(path, "shipped", f"configs: {path}, shipped for {device} (no {own}: {TUNE} "
+                                                "writes it)")
+        others.append((path, tuned_on(data)))
+    if device is not None and others:
+        path, other = others[0]
+        return StoreChoice(path, "shipped", f"warning: no store is shipped for {device}: using {path}, tuned on "
+                                            f"{other}, another {target} GPU, whose configs run here but may not be "
+                                            f"the fastest ({TUNE} tunes them for this one)", warning=True)
+    return StoreChoice(None, "none", f"configs: defaults (no {own}, and no store is shipped for "
+                                     f"{device or target}: {TUNE} writes one)")
+
+
+def choose_local_store(out) -> StoreChoice:
+    """choose_store for this machine's GPU (the cpu target without one)."""
+    local = local_gpu()
+    return choose_store(out, local[0] if local else "cpu", local[1] if local else None)
 
 
 class ConfigStore:

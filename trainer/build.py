@@ -37,7 +37,8 @@ def make_backend(config: Config, device: torch.device):
         return TorchBackend(config, device), None
     ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
     arch, elt = device_arch(device), DTYPES[config.dtype].itemsize
-    configs = CallConfigs(open_store(config), config.backend, config.dtype,
+    store, origin = open_store(config)
+    configs = CallConfigs(store, config.backend, config.dtype, origin=origin,
                           default_of=lambda op: ops.space(op, config.dtype).default_for(arch),
                           valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt, arch))
     initial = initial_mlp(config.hidden, config.layers, config.seed)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{summary.backend} H={summary.hidden} L={summary.layers} B={summary.batch_size} {summary.dtype}: "
           f"test accuracy {summary.test_accuracy:.2%} after {summary.steps} steps, "
           f"train {summary.train_seconds:.2f}s (to 98%: {to_98}), median step {summary.median_step_us:.1f} µs, "
-          f"configs {summary.config_source}")
+          f"configs {summary.config_source} (store: {summary.config_store})")
     print(f"wrote {summary.csv} and {summary.csv[:-4]}.json")
     return 0
 

@@ -72,7 +72,8 @@ class Summary:
     compile: str | None
     fused: bool | None  # cuda/triton: the fused step (None for torch)
     ops_per_step: int | None  # GPU operations of one step (kernels, memsets, copies); None on a CPU
-    config_source: str
+    config_source: str  # tuned, nearest, default, matmul or mixed (CallConfigs.sources); n/a for torch
+    config_store: str  # the store's origin: "none", or "<yours|shipped|given>: <path>" (n/a for torch)
     csv: str
     provenance: dict = field(default_factory=dict)
 
@@ -297,6 +298,7 @@ def train(config: Config) -> Summary:
         median_step_us=statistics.median(all_times), final_loss=last_loss, graph=graph,
         compile=config.compile, fused=config.fuse if config.backend != "torch" else None,
         ops_per_step=stepper.ops_per_step, config_source=configs.sources() if configs else "n/a",
+        config_store=configs.origin if configs else "n/a",
         csv=str(csv_path), provenance=provenance(),
     )
     # A --steps run ran steps, not the default epochs its config still holds.

@@ -1,7 +1,9 @@
 """Which kernel config each call of the step uses, and where it came from.
 
 The tuner stores winning configs per (op, backend, dtype, shape key) for a
-target GPU; the trainer asks the store for the exact shape of every call it
+target GPU. A run uses `--tuned-configs`, else the tuner's <out>/<target>/best.json,
+else the store shipped for its GPU (kernels_core.store.choose_store), and says
+which in one line. The trainer asks the store for the exact shape of every call it
 makes and takes what comes back: the tuned config, the nearest tuned shape's,
 or the op's default. Every choice is recorded, so the run can print (and
 save) a table of them before training starts.
@@ -15,7 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernels_core.store import StoreError, load_store, parse_shape_key, store_path
+from kernels_core.shapes import parse_shape_key
+from kernels_core.store import ConfigStore, StoreChoice, StoreError, choose_store, load_store
 from kernels_core.targets import local_gpu
 from kernels_core.contract import FUSED_OPS, check_block_holds_row
 from kernels_core.space import Space
@@ -34,38 +37,48 @@ def target_name(target: str) -> str:
     return local[0] if local else "cpu"
 
 
-def run_store_path(config: Config) -> Path | None:
-    """`--tuned-configs`, else the tuner's store for this target under the same `--out` root
-    (the tuner writes <out>/<target>/best.json) if one was written; "none": no store."""
+def run_store(config: Config) -> StoreChoice:
+    """`--tuned-configs` ("none": defaults), else kernels_core.store.choose_store's: the tuner's
+    <out>/<target>/best.json, else the store shipped for this GPU."""
     if config.tuned_configs == "none":
-        return None
+        return StoreChoice(None, "none", "configs: defaults (--tuned-configs none)")
     if config.tuned_configs is not None:
-        return Path(config.tuned_configs)
-    tuned = store_path(config.out, target_name(config.target))
-    return tuned if tuned.exists() else None
+        path = Path(config.tuned_configs)
+        return StoreChoice(path, "given", f"configs: {path} (--tuned-configs)")
+    local = local_gpu()
+    return choose_store(config.out, target_name(config.target), local[1] if local else None)
 
 
-def open_store(config: Config):
-    """The validated store for `config.tuned_configs`, or None (defaults everywhere)."""
-    path = run_store_path(config)
-    if path is None:
-        return None
+def open_store(config: Config) -> tuple[ConfigStore | None, str]:
+    """(the validated store the run uses or None for defaults everywhere, where it came from: "none",
+    or the choice's kind and path), its choice printed as one line."""
+    try:
+        choice = run_store(config)
+    except StoreError as e:  # a shipped store that cannot be read
+        return _refused(config, e), "none"
+    print(choice.note, file=sys.stderr)
+    if choice.path is None:
+        return None, "none"
     try:
         local = local_gpu()
         if local and target_name(config.target) != local[0]:
             # Configs are checked against their target's limits: another GPU's may not fit this one.
             raise StoreError(f"--target {config.target} is not this GPU ({local[0]}); its configs may not "
                              f"run here. Use --target auto, or tune for {local[0]}")
-        return load_store(path, target_name(config.target))
+        return load_store(choice.path, target_name(config.target)), f"{choice.kind}: {choice.path}"
     except (StoreError, OSError) as e:
-        if not config.allow_default_configs:
-            raise ConfigStoreRefused(
-                f"config store refused: {e}\n"
-                "(fix or re-tune it, or pass --allow-default-configs to run on default configs)"
-            ) from e
-        print(f"warning: config store refused: {e}; "
-              "running on default configs (--allow-default-configs)", file=sys.stderr)
-        return None
+        return _refused(config, e), "none"
+
+
+def _refused(config: Config, e: Exception) -> None:
+    if not config.allow_default_configs:
+        raise ConfigStoreRefused(
+            f"config store refused: {e}\n"
+            "(fix or re-tune it, or pass --allow-default-configs to run on default configs)"
+        ) from e
+    print(f"warning: config store refused: {e}; "
+          "running on default configs (--allow-default-configs)", file=sys.stderr)
+    return None
 
 
 def as_fused(op: str, key: str, matmul_config: dict, space: Space, elt: int, arch: int) -> dict | None:
@@ -94,8 +107,9 @@ class CallConfigs:
     (linear_sgd has SPLIT_K = 1 only), provided the result is valid there.
     """
 
-    def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None):
+    def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None, origin: str = "none"):
         self.store, self.backend, self.dtype = store, backend, dtype
+        self.origin = origin  # where the store came from: "none", or "<kind>: <path>" (open_store)
         self._default_of = default_of  # op -> the config the kernel uses when given None
         self._valid_for = valid_for  # (op, key, config) -> the config as the op's space allows it, or None
         self.chosen: dict[tuple[str, str], tuple[dict | None, str]] = {}
