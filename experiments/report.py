@@ -44,10 +44,12 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _gemm_table(ok: pd.DataFrame) -> pd.DataFrame:
-    """The 4096^3 products of a bench_kernels CSV (its `gemm` group), one row per dtype and backend."""
+    """The 4096^3 products of a bench_kernels CSV (its `gemm` group), one row per dtype and backend:
+    the median over a --repeat run's rounds."""
     gemm = ok[ok.group == "gemm"]
     if gemm.empty:
         return pd.DataFrame()
+    gemm = gemm.groupby(["dtype", "backend"], as_index=False, sort=False)[["time_ms", "tflops", "vs_torch"]].median()
     return pd.DataFrame({
         "dtype": gemm.dtype, "backend": gemm.backend, "ms": gemm.time_ms.map("{:.3f}".format),
         "TFLOP/s": gemm.tflops.map("{:.1f}".format), "vs cuBLAS": gemm.vs_torch.map("{:.2f}".format)})

@@ -57,3 +57,18 @@ def test_report_states_each_twins_median_speed_against_cublas_of_the_same_run(tm
     assert "| fp32 | cuda | tuned | 3 | 2.00× | 2.00× (1) |" in text  # speedups 2, 0.5, 2
     assert "| fp32 | triton | tuned | 3 | 1.00× | 3.00× (1) |" in text  # speedups 3, 1, 0.5
     assert "| fp32 | 128x1024x784:nn | 24.0 | 12.0 (2.00×) | 8.0 (3.00×) |" in text
+
+
+def test_the_4096_table_gives_one_row_per_dtype_and_backend_of_a_repeat_run():
+    """bench_kernels --repeat N times every case N times; the README's table shows each dtype and
+    backend once, at the median of its rounds."""
+    import pandas as pd
+    from experiments import report
+
+    rows = [dict(group="gemm", dtype=dt, backend=b, time_ms=t, tflops=137.4 / t, vs_torch=v)
+            for dt in ("fp32", "fp16") for b, base in (("cuda", 1.0), ("torch", 0.8))
+            for t, v in ((base, 0.8), (base * 1.1, 0.7), (base * 3, 0.1))]
+    table = report._gemm_table(pd.DataFrame(rows))
+    assert list(zip(table.dtype, table.backend)) == [("fp32", "cuda"), ("fp32", "torch"), ("fp16", "cuda"),
+                                                     ("fp16", "torch")]
+    assert table["ms"].tolist() == ["1.100", "0.880"] * 2 and table["vs cuBLAS"].tolist() == ["0.70"] * 4
