@@ -49,27 +49,34 @@ _source_text: dict[str, str] = {}
 
 
 def source(name: str) -> str:
-    """The kernel file with each local #include (common.cuh) pasted in its place.
+    """The kernel file with each local #include (dtypes.cuh, ...) pasted in its place, and in
+    the pasted headers theirs: each header once, where it is first included (a later #include
+    of it is dropped, as its include guard would make it empty).
 
     NVRTC gets one self-contained text (CuPy's disk cache hashes the source
     it is given, so an included file that changed would not be noticed)."""
     text = _source_text.get(name)
     if text is None:
-        with open(os.path.join(HERE, name)) as f:
-            text = _INCLUDE.sub(lambda m: source(m.group(1)), f.read())
+        text = _pasted(name, set())
         _source_text[name] = text
     return text
 
 
-def _codes(prefix: str) -> dict[str, int]:
-    """{"fp32": 0, ...} for prefix "DT": the codes common.cuh defines as `#define DT_FP32 0`, ..."""
-    with open(os.path.join(HERE, "common.cuh")) as f:
+def _pasted(name: str, seen: set[str]) -> str:
+    seen.add(name)
+    with open(os.path.join(HERE, name)) as f:
+        return _INCLUDE.sub(lambda m: "" if m.group(1) in seen else _pasted(m.group(1), seen), f.read())
+
+
+def _codes(header: str, prefix: str) -> dict[str, int]:
+    """{"fp32": 0, ...} for prefix "DT": the codes `header` defines as `#define DT_FP32 0`, ..."""
+    with open(os.path.join(HERE, header)) as f:
         return {m.group(1).lower(): int(m.group(2))
                 for m in re.finditer(rf"^#define {prefix}_(\w+) (\d+)$", f.read(), re.MULTILINE)}
 
 
-DT_CODE = _codes("DT")  # the first template argument of every kernel
-EPI_CODE = _codes("EPI")  # {"plain": 0, "relu_grad": 1, "xent": 2, "sgd": 3}: the matmul kernels' epilogues
+DT_CODE = _codes("dtypes.cuh", "DT")  # the first template argument of every kernel
+EPI_CODE = _codes("fused.cuh", "EPI")  # {"plain": 0, "relu_grad": 1, "xent": 2, "sgd": 3}: the matmul kernels' epilogues
 
 
 # ------------------------------------------------------------------ configs

@@ -10,9 +10,10 @@
 // (up to 16 bytes per instruction) before it computes or stores any of them;
 // the two phases also make in-place calls (out is the input) safe.
 //
-// Work split: common.cuh's vector_index / tail_index. The host picks VEC so
+// Work split: flat.cuh's vector_index / tail_index. The host picks VEC so
 // that every pointer is aligned to min(VEC * elt, 16) bytes.
-#include "common.cuh"
+#include "dtypes.cuh"
+#include "flat.cuh"
 
 // y = relu(x); NaN stays NaN.
 template <int DT, int VEC, int ITEMS, int THREADS>

@@ -24,7 +24,7 @@ SPACE = Space(
 
 
 def flat_variant(source: str, kernel: str, dtype: str, cfg, vec: int, *extra) -> rt.Variant:
-    """A kernel of the flat work split (common.cuh): <dtype, VEC, ITEMS, THREADS, extra...>."""
+    """A kernel of the flat work split (flat.cuh): <dtype, VEC, ITEMS, THREADS, extra...>."""
     return rt.Variant(source, kernel, (rt.DT_CODE[dtype], vec, cfg["ITEMS"], 32 * cfg["num_warps"], *extra))
 
 

@@ -1,6 +1,6 @@
 """linear_cross_entropy and linear_sgd: a training step's small kernels folded into a GEMM's
 epilogue, on the matmul kernels (matmul_simt.cu for fp32, matmul_tc.cu for fp16/bf16; the
-epilogues are common.cuh's "fused paths"), with matmul's search spaces: linear_sgd's without
+epilogues are fused.cuh's "fused paths"), with matmul's search spaces: linear_sgd's without
 split-K (its epilogue updates the weights in place, which one block per tile must do alone).
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _setup(op: str, x: torch.Tensor, config) -> tuple[str, int, int, dict]:
 def linear_cross_entropy(x, w, labels, *, bias=None, label_rows=None, out_grad=None, config=None):
     """(loss, dlogits) of softmax_cross_entropy(matmul(x, w, bias=bias), labels[label_rows]) in one
     launch (kernels_core/contract.py). The tile's epilogue stores the logits to dlogits, then each
-    row's thread turns its row into the gradient in place (common.cuh: xent_tile).
+    row's thread turns its row into the gradient in place (fused.cuh: xent_tile).
 
     Scratch memory: one kernels_core.workspace.splitk_workspace call (the layout both twins use),
     so calls on one device must be ordered, as split-K matmuls' are:
@@ -113,7 +113,7 @@ def linear_sgd(x, dy, w, bias, w_buf, b_buf, *, lr, momentum=0.0, weight_decay=0
     """One linear layer's SGD step in one launch (kernels_core/contract.py): the "tn" GEMM
     gw = x[x_rows]^T @ dy (M = K_in, N = N_out, K = the batch), whose epilogue applies
     sgd_update's rule to w where gw's tile lies; the blocks of tile row 0 also sum dy's columns
-    and update the bias (common.cuh: sgd_step, BiasGrad). An empty batch still launches: gw = 0,
+    and update the bias (fused.cuh: sgd_step, BiasGrad). An empty batch still launches: gw = 0,
     and weight decay and momentum still apply."""
     B, K_in, N_out, lr, momentum, weight_decay = linear_sgd_args(
         x, dy, w, bias, w_buf, b_buf, lr, momentum, weight_decay, x_rows, w_low, b_low)

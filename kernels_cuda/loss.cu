@@ -4,7 +4,7 @@
 //
 // Bandwidth bound: 2 reads + 1 write of M * N * elt bytes and ~3 exps per element
 // (the trainer's 128 x 10 logits are 5 KB: there the launch, not the bytes, is the cost).
-#include "common.cuh"
+#include "dtypes.cuh"
 
 // Merges running (max, sum of exp(x - max)) pairs. The equality tests keep
 // -inf - -inf (a NaN) out of the sums; a NaN input still poisons the sum.

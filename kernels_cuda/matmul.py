@@ -18,7 +18,7 @@ from kernels_core.workspace import splitk_slices, splitk_workspace
 from . import _runtime as rt
 from . import _tma
 
-# Split-K (both kernels; kernels_cuda/common.cuh has the protocol) pays for
+# Split-K (both kernels; kernels_cuda/splitk.cuh has the protocol) pays for
 # outputs of few tiles. Its configs fix what matters least there, to keep each
 # space to a few thousand configs (sm_90: tensor cores 1734, SIMT 8422) and dense enough
 # that about 1 in 7 of a tunable-by-tunable sampler's suggestions is valid (the
@@ -206,7 +206,7 @@ def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
 
 
 def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu, a_rows=False, epi="plain") -> rt.Variant:
-    """a_rows: A's stored rows read through an index vector; epi: an rt.EPI_CODE name (common.cuh)."""
+    """a_rows: A's stored rows read through an index vector; epi: an rt.EPI_CODE name (fused.cuh)."""
     return rt.Variant("matmul_simt.cu", "matmul_simt_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["THREAD_M"], cfg["THREAD_N"], va, vb,
         cfg["num_stages"], cfg["GROUP_M"], cfg["SPLIT_K"], int(a_kc), int(b_kc), int(has_bias), int(relu),
@@ -237,7 +237,7 @@ def variant(dtype: str, arch: int, cfg, ops: "Operands", *, has_bias=False, relu
                       ops.a_rows is not None, epi)
 
 
-# Both matmul kernels' parameters, in order (the GEMM's, then common.cuh's FUSED_PARAMS), with how
+# Both matmul kernels' parameters, in order (the GEMM's, then fused.cuh's FUSED_PARAMS), with how
 # each is passed. Every launch passes them all; a variant reads those its template flags use.
 KERNEL_PARAMS = (
     ("A", rt.ptr), ("B", rt.ptr), ("bias", rt.ptr), ("C", rt.ptr), ("M", rt.i32), ("N", rt.i32), ("K", rt.i32),

@@ -46,19 +46,23 @@
 // SPLIT_K > 1 (outputs of few tiles, e.g. 128 x 10 with K = 1024): the grid
 // is tiles x slices (at most SPLIT_K), each block runs the same loop over its
 // K slice, and the last block of a tile to finish adds the fp32 partials in
-// slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
+// slice order before the epilogue (splitk.cuh: enter_slice, splitk_reduce).
 // SPLIT_K == 1 compiles none of that: the same code as without the parameter.
 //
-// Fused paths (common.cuh, "fused paths"), each a template argument that compiles nothing when
+// Fused paths (fused.cuh), each a template argument that compiles nothing when
 // off: A_ROWS reads A's stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's
 // x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
-#include "common.cuh"
+#include "dtypes.cuh"
+#include "fused.cuh"
+#include "ptx.cuh"
+#include "splitk.cuh"
+#include "swizzle.cuh"
 
 // One operand tile: BK x BD of op(X) (BD = BM for A, BN for B), staged
 // through registers, or (RING) copied by cp.async. KC says k is X's contiguous dimension: op(X)[d, k] is
 // X[d * ld + k] when KC, else X[k * ld + d]. With ROWS, X's stored rows (d
 // when KC, else k) are read through the index vector `rows` of X's `stored`
-// rows: row r is X + rows[r] * ld, a row of zeros where common.cuh's
+// rows: row r is X + rows[r] * ld, a row of zeros where fused.cuh's
 // gathered_row says so; within a row the vector loads stay as they are.
 // In shared memory the tile is k-major (Xs[k][d]), except a k-contiguous one in the ring (DK:
 // Xs[d][k], as X holds it, so its copies move whole vectors).
@@ -174,7 +178,7 @@ matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, 
     const int tx = threadIdx.x % RN, ty = threadIdx.x / RN;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
 
-    // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
+    // What the epilogue reads from memory (fused.cuh: EpilogueReads), sent for once the first k
     // step's operand loads are issued: a thread's rows are TM / GM groups of GM, its columns TN / GN
     // groups of GN (see the epilogue).
     // C's row of the thread's i-th row, C's column of the first of its g-th column group.

@@ -3,56 +3,55 @@
 // Build alone, no GPU needed (registers, shared memory and spills of the default configs):
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/matmul_tc.cu
 //
-// Bound by arithmetic at large sizes: 4096^3 is 137 GFLOP, 0.18 ms at the
-// 756 TFLOP/s cuBLAS reaches in fp16 on the H200 with wgmma; mma.sync, which
-// this kernel issues, reaches well under half of that there (experiments/FINDINGS.md, "Large square GEMMs").
+// Bound by arithmetic at large sizes: 2 * M * N * K FLOPs, 4096^3 is 137 GFLOP, 0.18 ms at the
+// 756 TFLOP/s cuBLAS reaches in fp16 on the H200 with wgmma; mma.sync, which this kernel issues,
+// reaches little more than half of that there (experiments/FINDINGS.md, "Large square GEMMs").
+// Per BK slice a block loads (BM + BN) * BK * 2 bytes for 2 * BM * BN * BK FLOPs: 128 x 256
+// tiles give ~85 FLOP/byte of global traffic, under the H200's ~990 TFLOP/s / 4.8 TB/s ~ 200
+// FLOP/byte, so neighbouring blocks must find their operand tiles in L2 (the GROUP_M block
+// order). Inside the block a warp reads (WM + WN) * 16 * 2 bytes of shared memory per
+// 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32, except where outputs are
+// too small for anything but latency to matter: in one-warp blocks (tiles down to 16 x 16) and in
+// blocks of at most 512 outputs on 2-4 warps (warp tiles down to 16 x 8, the n-tile count NT then
+// odd), where more warps per block halve each warp's chain of mmas and copies
+// (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost").
 //
-// A block computes a BM x BN tile of C with WARPS_M x WARPS_N warps; each
-// warp owns a (BM / WARPS_M) x (BN / WARPS_N) sub-tile, i.e. MT x NT
-// accumulator fragments of 16 x 8 (one m16n8k16 mma each per 16-wide k step).
-// Per BK slice the block loads (BM + BN) * BK * 2 bytes for 2 * BM * BN * BK
-// FLOPs: 128 x 256 tiles give ~85 FLOP/byte of global traffic, well above the
-// H200's ~990 TFLOP/s / 4.8 TB/s ~ 200 FLOP/byte only thanks to L2 reuse
-// between neighbouring blocks, hence the GROUP_M block order. Inside the
-// block a warp reads (WM + WN) * 16 * 2 bytes of shared memory per
-// 2 * WM * WN * 16 FLOPs, which is why warp tiles are at least 32 x 32 but
-// in one-warp blocks, whose tiles (down to 16 x 16) serve outputs too small
-// for anything but latency to matter, and in blocks of at most 512 outputs on
-// 2-4 warps (warp tiles down to 16 x 8, the n-tile count NT then odd): for
-// those, more warps per block halve each warp's chain of mmas and copies, as
-// Triton's 16 x 16 tiles on 2 warps do (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost").
-//
-// Data path, sm_80 and newer (SM80 = 1): global -> shared with cp.async in a
-// STAGES-deep ring (copies of tile k + STAGES - 1 fly while tile k is
-// multiplied), cp.async's src-size operand zero-fills the ragged edges of M,
-// N and K, so the inner loop has no bounds checks. sm_75 (SM80 = 0) has no
-// cp.async and no m16n8k16: the next tile is staged through registers while
-// the current one is multiplied (two shared buffers), and each k16 mma is two
-// m16n8k8.
-//
-// Shared tiles keep the operand's contiguous dimension contiguous (no
-// transposing copies): A is [BM][BK] if k is A's contiguous dim, else
-// [BK][BM]; B is [BN][BK] or [BK][BN]. ldmatrix reads the first layout and
-// ldmatrix.trans the second, both giving the same mma fragments. Shared rows
-// are unpadded and their 16-byte units swizzled (TcTile::at), so that the 8
-// row addresses of an ldmatrix phase land in 8 distinct 16-byte bank groups
-// and every 32-byte sector a copy reads lands whole in one aligned 32 bytes.
-//
-// Global loads move VA (VB) halves per copy along the contiguous dimension
-// (8 = 16 bytes); the host lowers them when pointer or leading dimension
-// alignment does not allow 16 bytes. ACC16 accumulates in fp16
-// registers (mma .f16 accumulators), for fp16 only.
-//
-// SPLIT_K > 1 (outputs of few tiles, e.g. 32 x 1024 with K = 8192): the grid
-// is tiles x slices (at most SPLIT_K), each block runs the same loop over its
-// K slice, and the last block of a tile to finish adds the fp32 partials in
-// slice order before the epilogue (common.cuh: enter_slice, splitk_reduce).
-// SPLIT_K == 1 compiles none of that: the same code as without the parameter.
-//
-// Fused paths (common.cuh, "fused paths"), each a template argument that compiles nothing when
-// off: A_ROWS reads A's stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's
-// x_rows); EPI picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
-#include "common.cuh"
+// What the template arguments select:
+//  - BM x BN tile of C per block, BK of K per k step, on WARPS_M x WARPS_N warps: each warp owns
+//    a WM x WN = (BM / WARPS_M) x (BN / WARPS_N) sub-tile, MT x NT accumulator fragments of 16 x 8
+//    (one m16n8k16 mma each per 16-wide k step).
+//  - SM80 = 1 (sm_80 and newer): global -> shared with cp.async in a STAGES-deep ring (copies of
+//    tile k + STAGES - 1 fly while tile k is multiplied); cp.async's src-size operand zero-fills
+//    the ragged edges of M, N and K, so the inner loop has no bounds checks. SM80 = 0 (sm_75: no
+//    cp.async, no m16n8k16): the next tile is staged through registers while the current one is
+//    multiplied (STAGES = 2 shared buffers), and each k16 mma is two m16n8k8.
+//  - A_KC / B_KC: k is the operand's contiguous dimension. Shared tiles keep it contiguous (no
+//    transposing copies): A is [BM][BK] if A_KC, else [BK][BM]; B is [BN][BK] or [BK][BN].
+//    ldmatrix reads the first layout and ldmatrix.trans the second, both giving the same mma
+//    fragments. Shared rows are unpadded and their 16-byte units swizzled (TcTile::at), so that
+//    the 8 row addresses of an ldmatrix phase land in 8 distinct 16-byte bank groups and every
+//    32-byte sector a copy reads lands whole in one aligned 32 bytes.
+//  - VA / VB: halves per copy along the contiguous dimension (8 = 16 bytes); the host lowers
+//    them when pointer or leading dimension alignment does not allow 16 bytes.
+//  - GROUP_M: the block order (swizzle.cuh). DT: fp16 or bf16 (sm_80 and newer). ACC16:
+//    accumulation in fp16 registers (mma .f16 accumulators), for fp16 only. HAS_BIAS, RELU: the
+//    plain epilogue's bias and ReLU.
+//  - SPLIT_K > 1 (outputs of few tiles, e.g. 32 x 1024 with K = 8192): the grid is tiles x slices
+//    (at most SPLIT_K), each block runs the same loop over its K slice, and the last block of a
+//    tile to finish adds the fp32 partials in slice order before the epilogue (splitk.cuh:
+//    enter_slice, splitk_reduce). SPLIT_K == 1 compiles none of that: the same code as without
+//    the parameter.
+//  - A_ROWS, EPI: the fused paths (fused.cuh), each compiling nothing when off. A_ROWS reads A's
+//    stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's x_rows); EPI
+//    picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
+#include "dtypes.cuh"
+#include "fused.cuh"
+#include "ptx.cuh"
+#include "splitk.cuh"
+#include "swizzle.cuh"
+
+// A compile-time flag passed as a value, for generic lambdas (NVRTC has no <type_traits>).
+template <bool B> struct Flag { static constexpr bool value = B; };
 
 // ---------------------------------------------------------------- PTX wrappers
 
@@ -139,7 +138,7 @@ __device__ __forceinline__ void acc_set(Acc<1>& c, int i, float x) {
 // r0 + r < R and c0 + c < CN, zero outside. Shared copy: [ROWS][COLS], element (r, c) at at(r, c).
 // GATHER: X's rows are read through the index vector `rows` of X's
 // `stored` rows: row r0 + r is X + rows[r0 + r] * ld, a row of zeros where
-// common.cuh's gathered_row says so.
+// fused.cuh's gathered_row says so.
 template <int ROWS, int COLS, int V, int T, int GATHER = 0>
 struct TcTile {
     static_assert(COLS % 16 == 0, "rows of whole 32-byte sectors");
@@ -151,10 +150,9 @@ struct TcTile {
     // swz takes each of 8 consecutive rows (the rows of an ldmatrix phase, 8-aligned) to its own
     // 16-byte slot of the 128-byte bank lines (rows of 32, 64 bytes share a line: 4, 2 to one),
     // and, an XOR on whole units that keeps units 2i and 2i + 1 a pair, leaves each 32-byte sector
-    // of a row whole and aligned. Rows padded by 8 halves, as before, did the first but left every
-    // odd row's sectors straddling two: on the H200 Nsight Compute counted 24 L2 sectors per copy
-    // instruction where 16 were needed, and 2.5-6 times the ideal shared wavefronts, at 16 x 16 on
-    // 2 warps, 32 x 1024 x 1024 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). swz(r + 8i) = swz(r).
+    // of a row whole and aligned. Rows padded by 8 halves would do the first but leave every odd
+    // row's sectors straddling two
+    // (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). swz(r + 8i) = swz(r).
     static constexpr int UNITS = COLS / 8, LINE_ROWS = UNITS >= 8 ? 1 : 8 / UNITS, SWZ = UNITS >= 8 ? 8 : UNITS;
     static __device__ __forceinline__ int swz(int r) { return r / LINE_ROWS % SWZ; }
     static __device__ __forceinline__ int at(int r, int c) { return r * COLS + (((c / 8) ^ swz(r)) * 8 + c % 8); }
@@ -184,13 +182,14 @@ struct TcTile {
     // chunk p DR rows or DC columns past chunk 0 (CPR, the chunks of a row, and T are powers of two,
     // so one divides the other), which holds while a row has no more chunks than the block has
     // threads or a thread's chunks all lie in one row (STRIDED); past that chunk p wraps into the
-    // next row, and the kernel takes load_async (one warp reading 128-wide rows 4 bytes at a time:
-    // BLOCK_K = 128 at K = 10 wrote garbage on the H200, experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost"). Working
-    // out every chunk's address and edges from scratch at each k step, as load_async does, took
-    // about 150 instructions a stage in the one-warp 16 x 16 GEMMs, where one warp per
-    // multiprocessor waits on each instruction's latency (section 19). K_ROWS: k runs along the
-    // tile's rows (element (r, c) of the step at k0 is X[(k0 + r) * ld + origin + c] with R = K),
-    // else along its columns (X[(origin + r) * ld + k0 + c], CN = K).
+    // next row (e.g. one warp reading 128-wide rows 4 bytes at a time), and the kernel takes
+    // load_async. Working out every chunk's address and edges from scratch at each k step, as
+    // load_async does, costs several times the instructions, and in a one-warp block every
+    // instruction's latency is waited on
+    // (experiments/FINDINGS.md, "Tensor-core kernel: small blocks and the one-warp cost").
+    // K_ROWS: k runs along the tile's rows (element (r, c) of the step at k0 is
+    // X[(k0 + r) * ld + origin + c] with R = K), else along its columns
+    // (X[(origin + r) * ld + k0 + c], CN = K).
     static constexpr int CPR = COLS / V;
     static constexpr int DR = T >= CPR ? T / CPR : 0, DC = T >= CPR ? 0 : T * V;
     static constexpr bool STRIDED = T >= CPR || PER_THREAD * T <= CPR;  // Async's chunk map holds
@@ -240,11 +239,13 @@ struct TcTile {
 
         // Queues the copies of the k step at k0 into stage s, and moves on to the next k step: the
         // kernel queues every k step once, in order, so the source address is a running pointer
-        // (worked out from k0 and the leading dimension, it was a chain of 64-bit multiplies and
-        // adds ahead of each copy: experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). WHOLE: the caller knows every
-        // chunk of the step lies inside X, and the copies are whole with no test at all. Else a
-        // thread whose chunks all lie inside X copies them whole; at an edge cp.async's src-size
-        // zero-fills what lies outside X, and no address outside it is passed to a copy.
+        // (worked out from k0 and the leading dimension, it would be a chain of 64-bit multiplies
+        // and adds ahead of each copy:
+        // experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). WHOLE: the
+        // caller knows every chunk of the step lies inside X, and the copies are whole with no test
+        // at all. Else a thread whose chunks all lie inside X copies them
+        // whole; at an edge cp.async's src-size zero-fills what lies outside X, and no address
+        // outside it is passed to a copy.
         template <bool WHOLE>
         __device__ __forceinline__ void load(const u16* X, int s, int k0) {
             static_assert(V >= 2 && (!GATHER || !K_ROWS) && STRIDED, "2-byte chunks, gathered rows along k, rows "
@@ -334,55 +335,51 @@ struct TcTile {
     };
 };
 
-// ---------------------------------------------------------------- the kernel
+// ---------------------------------------------------------------- the block's stages
 
-template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int SPLIT_K,
-          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
-__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
-matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb,
-                 float* partials, int* counters, int k_slice, FUSED_PARAMS(u16)) {
-    static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
-    static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
-    static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
-    static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
-    static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
-    static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
-    constexpr int T = 32 * WARPS_M * WARPS_N;
-    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
-    constexpr int MT = WM / 16, NT = WN / 8;
+// One block of the kernel: its shape, which the template arguments fix, where it and its warp
+// sit in C, and the steps of its main loop the kernel calls: the sends for the epilogue's reads,
+// a stage's mmas, linear_sgd's bias sums and split-K's sums.
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int DT, int A_KC, int B_KC,
+          int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
+struct TcBlock {
+    static constexpr int T = 32 * WARPS_M * WARPS_N;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    static constexpr int MT = WM / 16, NT = WN / 8;
     // Blocks of more than 512 outputs stage their tile in shared memory and store it in rows of
     // 16-byte (fp32) or 8-byte (C) vectors, every epilogue but the loss's (a tile of the logits'
-    // 10 columns). Stored straight from the fragments, a warp's store covered 8 rows of 16 bytes:
-    // Nsight Compute counted one L2 request per sector written, and the requests, not the bytes,
-    // bounded the seed step's 8192 x 8192 x 32 weight gradients (plain 119 µs, linear_sgd 347 µs,
-    // at 19% and 40% of DRAM throughput; experiments/FINDINGS.md, "Tensor-core kernel: large tiles and the staged epilogue"). Smaller blocks are
-    // latency-bound, where the staging's two barriers would only add.
-    constexpr bool STAGED = EPI != EPI_XENT && BM * BN > 512;
+    // 10 columns). Stored straight from the fragments, a warp's store covers 8 rows of 16 bytes,
+    // one L2 request per sector written, and on large outputs the requests, not the bytes, are
+    // the bound (experiments/FINDINGS.md, "Tensor-core kernel: large tiles and the staged epilogue").
+    // Smaller blocks are latency-bound, where the staging's two barriers would only add.
+    static constexpr bool STAGED = EPI != EPI_XENT && BM * BN > 512;
+    // A warp tile of one or two mma tiles (16 x 8, 16 x 16: the small blocks of 32 x N outputs)
+    // makes one chain of BK / 16 dependent mmas per k step, each waiting on the one before for its
+    // accumulator. A second set of accumulators takes every other 16-wide k slice and halves that
+    // chain; the two are added once, after the loop (fp32 accumulators only: ACC16 keeps its one
+    // rounding per mma; experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N").
+    // So these tiles sum in another order than larger ones: the same bits are promised only
+    // between tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
+    static constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
     typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T, A_ROWS> TileA;  // A's stored rows: m when A_KC, else k
     typedef TcTile<B_KC ? BN : BK, B_KC ? BK : BN, VB, T> TileB;
     typedef Elt<DT> E;
+    typedef Acc<ACC16> Frag;
+    typedef EpilogueReads<EPI, HAS_BIAS, BM, BN, T> Reads;
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    u16* As = reinterpret_cast<u16*>(smem_raw);
-    u16* Bs = As + STAGES * TileA::STAGE;
+    u16* As;    // the operand ring: STAGES stages of A's tile, then of B's
+    u16* Bs;
+    int m0, n0;  // the block's tile of C
+    int lane;
+    int wm, wn;  // the warp's tile of the block's
+    int g, t;    // the lane's outputs: rows g, g + 8 of each 16-row tile, columns 2t, 2t + 1 of each 8-column tile
 
-    int pid_m, pid_n;
-    const int num_pid_m = (M + BM - 1) / BM;
-    // linear_sgd of a layer with no inputs (M = K_in = 0) still updates its bias: one tile row of no weights.
-    swizzle_block<GROUP_M>(blockIdx.x, EPI == EPI_SGD && num_pid_m == 0 ? 1 : num_pid_m, (N + BN - 1) / BN, pid_m, pid_n);
-    const int m0 = pid_m * BM, n0 = pid_n * BN;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
-
-    // What the epilogue reads from memory (common.cuh: EpilogueReads), sent for once the first k
-    // steps' operand copies are queued: a thread's outputs are its accumulator fragments' (rows g,
-    // g + 8 of each 16-row tile, columns 2t, 2t + 1 of each 8-column tile).
-    const int g = lane / 4, t = lane % 4;
-    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
-    EpilogueReads<EPI, HAS_BIAS, BM, BN, T> reads(pid_m);
-    auto epilogue_reads = [&]() {
+    // Sends for what the epilogue reads from memory (fused.cuh: EpilogueReads): a thread's outputs
+    // are its accumulator fragments'.
+    __device__ __forceinline__ void send_reads(Reads& reads, const XentArgs& xent, int M, int N, const u16* bias,
+                                               const u16* relu_y, const float* w, const float* w_buf, const float* b,
+                                               const float* b_buf) const {
         reads.send(
             xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
             [&](auto f) {
@@ -397,32 +394,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                         for (int h = 0; h < 2; ++h) f(m0 + wm * WM + i * 16 + g + 8 * h);
                 }
             });
-    };
-    // Adds stage s's rows of op(B) to the bias sums.
-    auto add_bias = [&](int s) {
-        if (!reads.bias_step) return;
-        const u16* bs = Bs + s * TileB::STAGE;
-        reads.bias_grad.template add<BK>([&](int k, int c) {
-            return E::load(B_KC ? bs[TileB::at(c, k)] : bs[TileB::at(k, c)]);
-        });
-    };
-
-    // A warp tile of one or two mma tiles (16 x 8, 16 x 16: the small blocks of 32 x N outputs)
-    // makes one chain of BK / 16 dependent mmas per k step, each waiting on the one before for its
-    // accumulator. A second set of accumulators takes every other 16-wide k slice and halves that
-    // chain; the two are added once, after the loop (fp32 accumulators only: ACC16 keeps its one
-    // rounding per mma). On the H200 that took 0.5-1.0 µs off 16 x 16 tiles at 32 x 1024 x 1024,
-    // 128 blocks at once, and next to nothing at 32 x 128 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). So
-    // these tiles sum in another order than larger ones: the same bits are promised only between
-    // tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
-    constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
-    Acc<ACC16> acc[MT][NT], acc_odd[MT][NT];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < (ACC16 ? 2 : 4); ++e) acc[i][j].v[e] = acc_odd[i][j].v[e] = 0;
+    }
 
     // ldmatrix x4 lane roles: lane l gives the address of row l % 8 of 8x8
     // matrix l / 8; matrix q of A is (m + 8 * (q & 1), k + 8 * (q >> 1)), i.e.
@@ -431,22 +403,33 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     // Each lane's row r in stage 0 and the swizzled unit u ^ swz(r) of its row it reads at i = j =
     // kk = 0 are worked out once, in the shared space: an ldmatrix adds the stage's offset, its
     // rows' (dr, a multiple of 8: the same swizzle) and its units' (du, whose bits are clear in u,
-    // so that (u + du) ^ swz(r) = (u ^ swz(r)) ^ du). Formed from a generic pointer at every ldmatrix
-    // (smem_addr's cvta is opaque to the compiler), each address cost about six 64-bit instructions
-    // ahead of its ldmatrix, in the chain every k step of a one- or two-warp block waits on
-    // (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N").
-    const int q = lane / 8, qr = lane % 8;
-    const int a_r = A_KC ? wm * WM + (q & 1) * 8 + qr : (q >> 1) * 8 + qr;
-    const int a_u = A_KC ? q >> 1 : (wm * WM + (q & 1) * 8) / 8;
-    // For B's odd n-tile (ldmatrix x2, NT odd) only lanes 0-15 give addresses, and for them q >> 1 is 0.
-    const int b_r = B_KC ? wn * WN + (q >> 1) * 8 + qr : (q & 1) * 8 + qr;
-    const int b_u = B_KC ? q & 1 : (wn * WN + (q >> 1) * 8) / 8;
-    const u32 a_lane = smem_addr(As) + 2 * a_r * TileA::LD_S, b_lane = smem_addr(Bs) + 2 * b_r * TileB::LD_S;
-    const int a_x = a_u ^ TileA::swz(a_r), b_x = b_u ^ TileB::swz(b_r);
-    auto a_at = [&](u32 as, int dr, int du) { return as + 2 * dr * TileA::LD_S + 16 * (a_x ^ du); };
-    auto b_at = [&](u32 bs, int dr, int du) { return bs + 2 * dr * TileB::LD_S + 16 * (b_x ^ du); };
-    auto compute = [&](int s) {
-        const u32 as = a_lane + 2 * s * TileA::STAGE, bs = b_lane + 2 * s * TileB::STAGE;
+    // so that (u + du) ^ swz(r) = (u ^ swz(r)) ^ du). Formed from a generic pointer at every
+    // ldmatrix (smem_addr's cvta is opaque to the compiler), each address would cost about six
+    // 64-bit instructions ahead of its ldmatrix, in the chain every k step of a one- or two-warp
+    // block waits on (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N").
+    struct Lanes {
+        u32 a, b;   // the lane's row of A's and of B's tile in stage 0
+        int ax, bx;  // the unit of that row it reads at i = j = kk = 0
+    };
+
+    __device__ __forceinline__ Lanes lanes() const {
+        const int q = lane / 8, qr = lane % 8;
+        const int a_r = A_KC ? wm * WM + (q & 1) * 8 + qr : (q >> 1) * 8 + qr;
+        const int a_u = A_KC ? q >> 1 : (wm * WM + (q & 1) * 8) / 8;
+        // For B's odd n-tile (ldmatrix x2, NT odd) only lanes 0-15 give addresses, and for them q >> 1 is 0.
+        const int b_r = B_KC ? wn * WN + (q >> 1) * 8 + qr : (q & 1) * 8 + qr;
+        const int b_u = B_KC ? q & 1 : (wn * WN + (q >> 1) * 8) / 8;
+        const u32 a_lane = smem_addr(As) + 2 * a_r * TileA::LD_S, b_lane = smem_addr(Bs) + 2 * b_r * TileB::LD_S;
+        return {a_lane, b_lane, a_u ^ TileA::swz(a_r), b_u ^ TileB::swz(b_r)};
+    }
+
+    // Stage s's tiles into the accumulators: per 16-wide k slice, this warp's fragments of both
+    // tiles by ldmatrix, then an mma per 16 x 8 output tile (TWO_SETS: the odd k slices into acc_odd).
+    __device__ __forceinline__ void mma_stage(Frag (&acc)[MT][NT], Frag (&acc_odd)[MT][NT], const Lanes& at,
+                                              int s) const {
+        auto a_at = [&](u32 as, int dr, int du) { return as + 2 * dr * TileA::LD_S + 16 * (at.ax ^ du); };
+        auto b_at = [&](u32 bs, int dr, int du) { return bs + 2 * dr * TileB::LD_S + 16 * (at.bx ^ du); };
+        const u32 as = at.a + 2 * s * TileA::STAGE, bs = at.b + 2 * s * TileB::STAGE;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             u32 af[MT][4], bf[NT][2];
@@ -475,18 +458,95 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                 for (int j = 0; j < NT; ++j)
                     mma_16816<DT, SM80>(TWO_SETS && kk / 16 % 2 ? acc_odd[i][j] : acc[i][j], af[i], bf[j]);
         }
-    };
+    }
 
+    // With linear_sgd's bias update: adds stage s's rows of op(B) to the bias sums.
+    __device__ __forceinline__ void add_bias(Reads& reads, int s) const {
+        if (!reads.bias_step) return;
+        const u16* bs = Bs + s * TileB::STAGE;
+        reads.bias_grad.template add<BK>([&](int k, int c) {
+            return E::load(B_KC ? bs[TileB::at(c, k)] : bs[TileB::at(k, c)]);
+        });
+    }
+
+    // Split-K: this slice's sums to the workspace, and in the last slice to arrive the sums of all
+    // (false in the others: they are done). One float4 per fragment. fp16 accumulators get the
+    // fp32 sum of the slices rounded once, and the epilogue rounds again after the bias: with
+    // ACC16 the result may differ from the Triton twin (which adds the bias to the fp32 sum) by
+    // an fp16 ulp.
+    template <int SPLIT_K>
+    static __device__ __forceinline__ bool sum_slices(Frag (&acc)[MT][NT], float* partials, int* counters) {
+        auto get = [&](int f, int e) { return acc_get(acc[f / NT][f % NT], e); };
+        auto set = [&](int f, int e, float x) { acc_set(acc[f / NT][f % NT], e, x); };
+        return splitk_reduce<SPLIT_K, MT * NT, T>(partials, counters, get, set);
+    }
+
+};
+
+// ---------------------------------------------------------------- the kernel
+
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int SPLIT_K,
+          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
+__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
+matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb,
+                 float* partials, int* counters, int k_slice, FUSED_PARAMS(u16)) {
+    static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
+    static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
+    static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
+    static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
+    static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
+    static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
+    typedef TcBlock<BM, BN, BK, WARPS_M, WARPS_N, STAGES, VA, VB, DT, A_KC, B_KC, HAS_BIAS, RELU, ACC16, SM80, A_ROWS,
+                    EPI> Block;
+    typedef typename Block::TileA TileA;
+    typedef typename Block::TileB TileB;
+    typedef typename Block::E E;
+    constexpr int T = Block::T, WM = Block::WM, WN = Block::WN, MT = Block::MT, NT = Block::NT;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u16* As = reinterpret_cast<u16*>(smem_raw);
+    u16* Bs = As + STAGES * TileA::STAGE;
+
+    // Where the block and its warp sit in C.
+    int pid_m, pid_n;
+    const int num_pid_m = (M + BM - 1) / BM;
+    // linear_sgd of a layer with no inputs (M = K_in = 0) still updates its bias: one tile row of no weights.
+    swizzle_block<GROUP_M>(blockIdx.x, EPI == EPI_SGD && num_pid_m == 0 ? 1 : num_pid_m, (N + BN - 1) / BN, pid_m, pid_n);
+    const int m0 = pid_m * BM, n0 = pid_n * BN;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
+    const int g = lane / 4, t = lane % 4;
+    const Block blk = {As, Bs, m0, n0, lane, wm, wn, g, t};
+
+    // What the epilogue reads from memory, sent for once the first k steps' copies are queued.
+    const XentArgs xent = {labels, label_rows, n_labels, loss, flag, loss_slots, loss_counter};
+    typename Block::Reads reads(pid_m);
+    auto epilogue_reads = [&]() { blk.send_reads(reads, xent, M, N, bias, relu_y, w, w_buf, b, b_buf); };
+
+    // The main loop. The k loops, and all code that reads or writes the accumulators but for the
+    // mmas and the split-K sums (their zeroing, the two sets' sum, both epilogues), are written
+    // out in the kernel rather than in TcBlock: as functions of their own, inlined here, they
+    // compile to other machine code (other loop transformations, other registers).
+    typename Block::Frag acc[MT][NT], acc_odd[MT][NT];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < (ACC16 ? 2 : 4); ++e) acc[i][j].v[e] = acc_odd[i][j].v[e] = 0;
+    const typename Block::Lanes lanes = blk.lanes();
+    auto compute = [&](int s) { blk.mma_stage(acc, acc_odd, lanes, s); };
+    auto add_bias = [&](int s) { blk.add_bias(reads, s); };
     const int KT = (K + BK - 1) / BK;
-    if constexpr (SM80) {
-        // Queues copies of k-slice kt of both operands into stage s.
+    if constexpr (SM80) {  // the cp.async ring
         // TcTile::Async's cases; the rest take load_async.
         // Gathered rows: a pointer per chunk, in registers for the whole loop; past 4 chunks a
-        // thread (wide tiles on few warps) ptxas spilled.
+        // thread (wide tiles on few warps) ptxas spills.
         constexpr bool A_ASYNC = (!A_ROWS || (A_KC && TileA::PER_THREAD <= 4)) && VA >= 2 && TileA::STRIDED;
         constexpr bool B_ASYNC = VB >= 2 && TileB::STRIDED;
         typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M, a_rows, rows_of_a);
         typename TileB::template Async<!B_KC> async_b(B, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
+        // Queues copies of k step kt of both operands into stage s (whole: every chunk lies inside them).
         auto load_stage = [&](int s, int kt, auto whole) {
             constexpr bool WHOLE = decltype(whole)::value;
             const int k0 = kt * BK;
@@ -497,20 +557,19 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
             else           TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
         };
-        // Ring of STAGES buffers; one commit group per k-slice (empty past
-        // the end) so that "all but STAGES - 2 groups done" means slice kt
-        // has landed.
+        // One commit group per k step (empty past the end), so that "all but STAGES - 2 groups
+        // done" means k step kt has landed.
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < KT) load_stage(s, s, Flag<false>());
             cp_async_commit();
         }
         epilogue_reads();
-        // Step kt reads stage kt % STAGES and refills stage (kt - 1) % STAGES with slice kt + STAGES - 1.
+        // Step kt reads stage kt % STAGES and refills stage (kt - 1) % STAGES with k step kt + STAGES - 1.
         auto step = [&](int kt, auto whole, int read, int write) {
             cp_async_wait<STAGES - 2>();
-            // Makes every thread's copies of slice kt visible, and guarantees
-            // all warps are done with slice kt - 1, whose stage is refilled next.
+            // Makes every thread's copies of k step kt visible, and guarantees
+            // all warps are done with k step kt - 1, whose stage is refilled next.
             __syncthreads();
             const int next = kt + STAGES - 1;
             if (decltype(whole)::value || next < KT) load_stage(write, next, whole);
@@ -519,15 +578,13 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             add_bias(read);
         };
         // Tiles of up to 64 x 64: the k steps of an inner tile whose refills lie wholly inside K
-        // run a loop of their own, with copies free of edge tests. With the tests behind a branch
-        // in the one loop, a k step of 16 x 16 on 2 warps cost about 0.2 µs at BLOCK_K = 64 where
-        // Triton's, predicated, cost 0.12 (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). Larger tiles spend
-        // many mmas a step; the second loop only adds code (and, on 64 x 128 with the loss's
-        // epilogue, spills). It runs STAGES steps a turn, so that every step's stages, and with
-        // them its shared addresses, are known at compile time (ptxas unrolled the ring by itself
-        // until the swizzle's XORs: section 28), unless A's gathered rows go through load_async:
-        // a turn of those, each chunk's row looked up at every step, spilled at 16 x 16 x 128 on
-        // one warp.
+        // run a loop of their own, with copies free of edge tests, which the short k steps of
+        // small tiles cannot afford behind a branch
+        // (experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N"). Larger tiles
+        // spend many mmas a step, where the second loop only adds code (and, on 64 x 128 with the loss's epilogue, spills). It runs STAGES steps
+        // a turn, so that every step's stages, and with them its shared addresses, are known at
+        // compile time, unless A's gathered rows go through load_async: a turn of those, each
+        // chunk's row looked up at every step, spills at 16 x 16 x 128 on one warp.
         constexpr bool TURNS = !A_ROWS || A_ASYNC;
         const int KT_WHOLE = BM * BN <= 64 * 64 && m0 + BM <= M && n0 + BN <= N ? K / BK : 0;
         int kt = 0;
@@ -538,7 +595,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             }
         }
         // The stages counted rather than divided out: with a division by 3 in each ldmatrix's
-        // address ptxas rebuilt the stage's offset per ldmatrix instead of folding it once.
+        // address ptxas rebuilds the stage's offset per ldmatrix instead of folding it once.
         int read = 0, write = STAGES - 1;  // kt % STAGES == 0 here
         auto counted = [&](int kt, auto whole) {
             step(kt, whole, read, write);
@@ -548,7 +605,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         if constexpr (!TURNS)
             for (; kt + STAGES - 1 < KT_WHOLE; ++kt) counted(kt, Flag<true>());
         for (; kt < KT; ++kt) counted(kt, Flag<false>());
-    } else {
+    } else {  // sm_75: the next k step's tiles through registers while this one's are multiplied
         typename TileA::Staged sa;
         typename TileB::Staged sb;
         auto fetch = [&](int kt) {
@@ -576,7 +633,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         }
     }
 
-    if constexpr (TWO_SETS) {
+    if constexpr (Block::TWO_SETS) {
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -584,18 +641,12 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][j].v[e] += acc_odd[i][j].v[e];
     }
+    if constexpr (SPLIT_K > 1)
+        if (!Block::template sum_slices<SPLIT_K>(acc, partials, counters)) return;
 
-    // One float4 per fragment. fp16 accumulators get the fp32 sum of the slices rounded once,
-    // and the epilogue rounds again after the bias: with ACC16 the result may differ from the
-    // Triton twin (which adds the bias to the fp32 sum) by an fp16 ulp.
-    if constexpr (SPLIT_K > 1) {
-        auto get = [&](int f, int e) { return acc_get(acc[f / NT][f % NT], e); };
-        auto set = [&](int f, int e, float x) { acc_set(acc[f / NT][f % NT], e, x); };
-        if (!splitk_reduce<SPLIT_K, MT * NT, T>(partials, counters, get, set)) return;
-    }
-
+    // The epilogue: C's tile (linear_sgd: w's update), then the loss and the bias update.
     const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
-    if constexpr (STAGED) {
+    if constexpr (Block::STAGED) {
         // The tile goes through shared memory in passes of G 16-row strips of each warp's tile, as
         // many as the operand ring holds (rows of floats padded by 8, which keeps the fragments'
         // float2 writes free of bank conflicts). Thread t then takes columns n .. n + 3 of staged

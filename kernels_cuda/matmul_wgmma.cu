@@ -7,10 +7,11 @@
 // (with -o w.cubin, `cuobjdump -sass w.cubin` shows its SASS: HGMMA, not HMMA; UTMALDG copies).
 //
 // Why a second tensor-core kernel: at 4096^3 fp16 (137 GFLOP) cuBLAS takes 0.18 ms on the H200
-// (756 TFLOP/s) with wgmma; matmul_tc.cu's mma.sync peaked at 266 TFLOP/s over a 76-config sweep
-// (experiments/FINDINGS.md, "Large square GEMMs"): the instruction, not the tile, was the ceiling. One m64nNk16 wgmma is issued
-// by a warpgroup (4 warps) and reads both operands straight from shared memory, so no ldmatrix,
-// no fragment registers for A or B, and the tensor cores run while the warps do something else.
+// (756 TFLOP/s) with wgmma; matmul_tc.cu's mma.sync reaches little more than half of that, and
+// only wgmma reaches cuBLAS there (experiments/FINDINGS.md, "Large square GEMMs").
+// One m64nNk16 wgmma is issued by a warpgroup (4 warps) and reads both operands straight from
+// shared memory, so no ldmatrix, no fragment registers for A or B, and the tensor cores run while
+// the warps do something else.
 //
 // Roles (producer/consumer warp specialization). A block has 1 + CONSUMERS warpgroups of 128
 // threads and computes BM x BN tiles of C one after another (persistent: the host launches no
@@ -60,7 +61,9 @@
 // addresses and row strides that are multiples of 16 bytes (K and N multiples of 8 for
 // contiguous operands); a call that breaks it is refused as a config error, so the tuner prunes
 // the config for that shape and the mma.sync kernel takes it.
-#include "common.cuh"
+#include "dtypes.cuh"
+#include "ptx.cuh"
+#include "swizzle.cuh"
 
 // A CUtensorMap (cuda.h's opaque 128-byte, 64-byte aligned struct), passed by value as a
 // __grid_constant__ parameter so the TMA unit reads it from the kernel's parameter space.

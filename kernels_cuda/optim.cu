@@ -5,8 +5,9 @@
 // With momentum it moves 4 (param) * 2 + 4 (buffer) * 2 + elt (grad) bytes for
 // 4 FLOPs per element (20 bytes with fp32 grads: 1.9M params of the default MLP
 // are 37 MB, at least 8.8 µs at 4.25 TB/s): bandwidth bound, like the kernels of elementwise.cu,
-// whose work split (common.cuh's vector_index / tail_index) it shares.
-#include "common.cuh"
+// whose work split (flat.cuh's vector_index / tail_index) it shares.
+#include "dtypes.cuh"
+#include "flat.cuh"
 
 // torch.optim.SGD step (dampening 0, no Nesterov), in place, fp32 master
 // params and momentum buffers, gradients in any of the three dtypes:

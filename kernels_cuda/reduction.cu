@@ -1,7 +1,7 @@
 // bias_grad: column sums of a gradient, in fp32.
 // Build alone, no GPU needed (registers, shared memory and spills of the default configs):
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/reduction.cu
-#include "common.cuh"
+#include "dtypes.cuh"
 
 // db[c] = sum_m grad[m, c] in fp32, grad a contiguous [M, ncols] array.
 //

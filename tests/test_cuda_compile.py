@@ -273,7 +273,7 @@ def _ptx(variant: rt.Variant, arch: int, tmp_path) -> list[str]:
 @needs_nvcc
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_splitk_handshake_in_ptx(dtype, tmp_path):
-    """The order kernels_cuda/common.cuh (splitk_arrive_last) argues for, in the compiled code:
+    """The order kernels_cuda/splitk.cuh (splitk_arrive_last) argues for, in the compiled code:
     partial stores, bar.sync, release fence, the one atomic, acquire fence, bar.red.or, and only
     then the .cg loads of the other slices. SPLIT_K = 1 compiles none of it."""
     from kernels_cuda.matmul import report_variant
@@ -438,7 +438,7 @@ def test_tensor_core_k_steps_of_128_build_without_spills():
 @needs_nvcc
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_row_tile_loss_protocol_in_ptx(dtype, tmp_path):
-    """linear_cross_entropy's deterministic mean in the compiled code, in the order common.cuh
+    """linear_cross_entropy's deterministic mean in the compiled code, in the order fused.cuh and splitk.cuh
     (xent_tile, splitk_arrive_last) argues for: the tile's slot store, bar.sync, release fence,
     the loss counter's atomic (without split-K the only one), acquire fence, bar.red.or, then
     the .cg loads of the slots, and the loss's store after them."""

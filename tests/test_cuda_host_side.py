@@ -177,7 +177,7 @@ def test_tc_warp_grid_reaches_the_kernel(launches, rng):
 # ----------------------------------------------------------------------------- fused paths
 
 def _signature(source: str, kernel: str) -> list[tuple[str, str]]:
-    """(kind, name) of each parameter of `kernel` in kernels_cuda/`source` with common.cuh's
+    """(kind, name) of each parameter of `kernel` in kernels_cuda/`source` with fused.cuh's
     FUSED_PARAMS expanded; kind is "ptr" for a pointer, else the scalar type."""
     text = rt.source(source)
     body = re.search(r"#define FUSED_PARAMS\(T\)((?:.*\\\n)*.*)", text).group(1).replace("\\\n", " ")

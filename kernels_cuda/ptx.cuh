@@ -1,0 +1,60 @@
+// PTX wrappers the kernels share: shared-memory addresses, cp.async (sm_80 and newer), loads
+// through L2 only and L1 prefetches.
+#ifndef KERNELS_CUDA_PTX_CUH
+#define KERNELS_CUDA_PTX_CUH
+
+#include "dtypes.cuh"
+
+// 32-bit shared-memory address for PTX instructions that take one.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// cp.async (sm_80 and newer): global -> shared without registers between, for the operand rings
+// of both matmul kernels.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(u32 dst, const void* src, int src_bytes) {
+    // 16-byte copies bypass L1 (.cg); smaller ones must use .ca.
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES), "r"(src_bytes));
+}
+
+// A copy wholly inside the source: no src-size operand, which ptxas lowers into extra
+// address arithmetic per copy even when it is the full size.
+template <int BYTES>
+__device__ __forceinline__ void cp_async_whole(u32 dst, const void* src) {
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// 16 bytes from global memory through L2 only (ld.global.cg): another SM
+// wrote them during this launch, so a line this SM's L1 might hold for the
+// address (from an earlier launch that used the same workspace) is stale.
+__device__ __forceinline__ Pack<float, 4> ldcg4(const Pack<float, 4>* p) {
+    Pack<float, 4> r;
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(r.v[0]), "=f"(r.v[1]), "=f"(r.v[2]), "=f"(r.v[3]) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float ldcg1(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+
+// Sends for p's line into L1 and goes on: a read of it later finds it there.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+#endif  // KERNELS_CUDA_PTX_CUH
