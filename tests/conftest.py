@@ -137,7 +137,7 @@ def device() -> str:
 
 @pytest.fixture
 def rng(request) -> torch.Generator:
-    """A CPU generator seeded from the session's base seed and the test's id."""
+    """A CPU generator seeded from the test run's base seed and the test's id."""
     seed = (BASE_SEED ^ zlib.crc32(request.node.nodeid.encode())) % 2**63
     request.node.test_seed = seed
     return torch.Generator().manual_seed(seed)
