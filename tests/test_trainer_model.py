@@ -166,3 +166,14 @@ def test_fp16_keeps_fp32_master_weights_and_tracks_torch_autocast():
     # trajectories drift apart chaotically, as fp16 and fp32 runs do, so only
     # the first steps are compared (about 2e-4 apart by step 15).
     torch.testing.assert_close(got, expected, rtol=1e-3, atol=0)
+
+
+def test_a_call_the_mlps_call_list_lacks_stops_the_step():
+    """The model chooses each call's config from kernels_core.mlp.mlp_calls before its first step;
+    a step that made another call would run a kernel the tuner never tuned, so it stops instead."""
+    config = Config(backend="triton", hidden=24, layers=2, batch_size=8)
+    model = _ops_mlp(config)
+    listed = {(c.op, c.key) for c in mlp_calls(24, 2, 8, "fp32", fused=True)}
+    assert set(model.configs.chosen) == listed  # chosen up front, each once
+    with pytest.raises(RuntimeError, match="matmul on 8x24x25:nn, which kernels_core.mlp.mlp_calls does not list"):
+        model._config("matmul", "8x24x25:nn")
