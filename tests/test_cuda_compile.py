@@ -20,6 +20,7 @@ from kernels_core.contract import DTYPES, FUSED_OPS, OPS
 ARCHS = (75, 80, 90)
 GEMM_OPS = ("matmul",) + FUSED_OPS  # the ops of the matmul kernels: no bf16 before sm_80
 SAMPLES = 8
+FAST_SAMPLES = 3  # the fast tier's: the fused GEMMs' 1 + 8 configs take up to 10 CPU seconds of nvcc a case
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 
@@ -27,13 +28,13 @@ def _elt(dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
-def _sample(op: str, dtype: str, arch: int) -> list[dict]:
-    """The arch's default first, then up to SAMPLES configs drawn with a fixed seed."""
+def _sample(op: str, dtype: str, arch: int, samples: int = SAMPLES) -> list[dict]:
+    """The arch's default first, then up to `samples` configs drawn with a fixed seed."""
     sp = kc.space(op, dtype)
     default = sp.default_for(arch)
     valid = [c for c in sp.configs(_elt(dtype), arch) if c != default]
     rng = random.Random(f"{op}-{dtype}-{arch}")
-    return [default] + rng.sample(valid, min(SAMPLES, len(valid)))
+    return [default] + rng.sample(valid, min(samples, len(valid)))
 
 
 CASES = [(op, dtype, arch) for arch in ARCHS for op in OPS for dtype in DTYPES]
@@ -42,10 +43,10 @@ CASES = [(op, dtype, arch) for arch in ARCHS for op in OPS for dtype in DTYPES]
 @needs_nvcc
 @pytest.mark.matrix
 @pytest.mark.parametrize("op,dtype,arch", CASES, ids=[f"{o}-{d}-sm{a}" for o, d, a in CASES])
-def test_space_sample_compiles(op, dtype, arch):
+def test_space_sample_compiles(op, dtype, arch, request):
     if op in GEMM_OPS and dtype == "bf16" and arch < 80:
         pytest.skip("sm_75 tensor cores have no bf16 mma; matmul raises a clear error there")
-    configs = _sample(op, dtype, arch)
+    configs = _sample(op, dtype, arch, FAST_SAMPLES if request.config.getoption("--fast") else SAMPLES)
     reports = kc.compile_reports(op, dtype, configs, arch)
     sp = kc.space(op, dtype)
     assert len(reports) == len(configs)
