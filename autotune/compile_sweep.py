@@ -17,7 +17,7 @@ import threading
 
 from autotune import console
 from autotune.plan import Plan
-from kernels_core.provenance import COLUMNS as PROVENANCE, provenance
+from kernels_core.provenance import AS_TEXT, COLUMNS as PROVENANCE, provenance
 from autotune.samplers import view_space
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.worker_pool import WorkerProcess, WorkerStartError, worker_env
@@ -157,7 +157,7 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
 def _summary(path, studies: list[dict], notes: list[str]) -> None:
     import pandas as pd
 
-    rows = pd.read_csv(path)
+    rows = pd.read_csv(path, dtype=AS_TEXT)
     table = []
     for s in studies:
         mine = rows[rows["study"] == s["study"]]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels_core.provenance import provenance
+from kernels_core.provenance import AS_TEXT, provenance
 from trainer.config import BACKENDS, PRESETS, Config
 from trainer.train import TARGET_ACCURACY, train
 from experiments.paths import results_dir
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                    **({"epochs": args.epochs, "steps": None} if args.epochs else {}))
     length = f"{base.steps} steps" if base.steps else f"{base.epochs} epochs"
     path = args.results or results_dir() / "accuracy_spread.csv"
-    rows = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=list(KEY))
+    rows = pd.read_csv(path, dtype=AS_TEXT) if path.exists() else pd.DataFrame(columns=list(KEY))
     commit = provenance()["commit"]
     done = {tuple(str(v) for v in r) for r in rows[list(KEY)].itertuples(index=False)}
     for seed in args.seeds:

@@ -36,7 +36,7 @@ from kernels_core.store import load_store, store_path
 from autotune.worker_pool import visible_gpus
 from experiments.steps import run_step, step_seconds, timings_in_turn
 from kernels_core.contract import DTYPES
-from kernels_core.provenance import provenance
+from kernels_core.provenance import AS_TEXT, provenance
 from experiments.paths import results_dir
 
 STEPS = ("one", "all", "pair")
@@ -97,7 +97,7 @@ def judge(args, plan, ledger: Path) -> pd.DataFrame:
     rows, prov = [], provenance()
     for step in STEPS:
         outs = [out for _, _, out in _searches(args, step)]
-        trials = pd.concat([pd.read_csv(out / plan.target.name / "trials.csv") for out in outs])
+        trials = pd.concat([pd.read_csv(out / plan.target.name / "trials.csv", dtype=AS_TEXT) for out in outs])
         counted = trials[trials["status"] != "invalid"]
         inexact = twice = 0
         for name, (n_valid, tunables) in valid.items():

@@ -29,6 +29,7 @@ import pandas as pd  # noqa: E402
 from experiments import compare  # noqa: E402
 from experiments.paths import results_dir  # noqa: E402
 from experiments.report import latest, load_compare  # noqa: E402
+from kernels_core.provenance import AS_TEXT
 
 
 
@@ -75,7 +76,7 @@ def loss_curves(gpu: str) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
         for f in files:
-            df = pd.read_csv(f)
+            df = pd.read_csv(f, dtype=AS_TEXT)
             h = 1024 if (df.hidden == 1024).any() else df.hidden.max()
             g = df[df.hidden == h]
             ax.plot(g.step, g.loss, lw=0.8, label=f"{f.stem.split('_seed_')[-1]} (H={h})")
@@ -107,7 +108,7 @@ def roofline(gpu: str) -> list[Path]:
     path = results_dir(gpu) / "kernels.csv"
     if not path.exists():
         return []
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     ok = df[df.status == "ok"]
     if (ok.op == "copy").sum() == 0:
         return []  # the ceiling is the copy measured in the same run

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from experiments.compare import base_config
-from kernels_core.provenance import provenance
+from kernels_core.provenance import AS_TEXT, provenance
 from trainer.train import build
 from experiments.paths import results_dir
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     out = results_dir() / "step_profile.csv"
     df = pd.DataFrame(rows)
     if out.exists():  # keep other commits' and settings' rows
-        old = pd.read_csv(out)
+        old = pd.read_csv(out, dtype=AS_TEXT)
         keep = ~old.set_index(["backend", "hidden", "dtype", "protocol", "fused", "commit"]).index.isin(
             df.set_index(["backend", "hidden", "dtype", "protocol", "fused", "commit"]).index)
         df = pd.concat([old[keep], df], ignore_index=True)

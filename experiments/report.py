@@ -15,6 +15,7 @@ import pandas as pd
 
 from experiments import compare
 from experiments.paths import RESULTS, results_dir
+from kernels_core.provenance import AS_TEXT
 
 EXPERIMENTS = Path(__file__).resolve().parent
 README = EXPERIMENTS.parent / "README.md"
@@ -59,7 +60,7 @@ def kernels_section(gpu: str) -> list[str]:
     path = results_dir(gpu) / "kernels.csv"
     if not path.exists():
         return []
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     ok = df[df.status == "ok"]
     ew = ok[ok.group.isin(["elementwise", "ceiling"])]
     ew_t = pd.DataFrame({
@@ -99,7 +100,7 @@ def kernels_section(gpu: str) -> list[str]:
 def load_compare(path: Path) -> pd.DataFrame:
     """A compare CSV with every row's speedups (re)computed by compare's own rule: CSVs written before a
     column existed get it, and rows added to a run key since are counted."""
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     if df.empty:
         return df
     length = compare.protocol_length(df.protocol.iloc[0])
@@ -180,7 +181,7 @@ def gemms_section(gpu: str) -> list[str]:
     path = results_dir(gpu) / "trainer_gemms.csv"
     if not path.exists():
         return []
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     ok = df[(df.group == "trainer") & (df.status == "ok")]
     if ok.empty:
         return []
@@ -228,7 +229,7 @@ def wgmma_section(gpu: str) -> list[str]:
     path = results_dir(gpu) / "wgmma.csv"
     if not path.exists():
         return []
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     wide = df.pivot_table(index=["step", "label"], columns=["size", "dtype"], values="vs_cublas", sort=False)
     table = pd.DataFrame({"step": [label for _, label in wide.index]})
     for size, dtype in wide.columns:
@@ -245,7 +246,7 @@ def tuning_section(gpu: str, target: str) -> list[str]:
     path = results_dir(gpu) / "tuning" / target / "trials.csv"
     if not path.exists():
         return []
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype=AS_TEXT)
     if df.empty:
         return []
     counts = df.status.value_counts().to_dict()
@@ -275,14 +276,14 @@ def search_section(gpu: str) -> list[str]:
         after = (*map(str, sq.CHECKPOINTS), sq.BUDGET_COLUMN)
         for path in summaries:
             grid = pd.read_csv(path.with_name(path.name.replace("search_quality", "search_quality_grid")
-                                             .replace("_summary", "")))
+                                             .replace("_summary", "")), dtype=AS_TEXT)
             # The best found from the replays' curves cut at the budget the table states: a replay
             # may have run longer (those of 2026-12-01 measured 90 configs of grids whose 10% is 86
             # and 88). The rest as the replay counted it, from times the CSVs keep to 6 digits only.
-            curves = pd.read_csv(path.with_name(path.name.replace("_summary", "")))
-            seeds = pd.read_csv(path.with_name(path.name.replace("_summary", "_seeds")))
+            curves = pd.read_csv(path.with_name(path.name.replace("_summary", "")), dtype=AS_TEXT)
+            seeds = pd.read_csv(path.with_name(path.name.replace("_summary", "_seeds")), dtype=AS_TEXT)
             best = sq.summary_at(curves, seeds, sq.BUDGET_SHARE).set_index(["shape", "sampler"])
-            for _, r in pd.read_csv(path).iterrows():
+            for _, r in pd.read_csv(path, dtype=AS_TEXT).iterrows():
                 at = best.loc[(r["shape"], r["sampler"])]
                 rows.append({"grid": f"{grid.backend.iloc[0]} {grid.dtype.iloc[0]} {r['shape']} ({r['grid_configs']})",
                              "sampler": r["sampler"], "within 3% in 10%": f"{r['success_3%_in_budget']:.0%}",
@@ -297,7 +298,7 @@ def search_section(gpu: str) -> list[str]:
                   _table(pd.DataFrame(rows)), ""]
     path = results_dir(gpu) / "search_budget.csv"
     if path.exists():
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype=AS_TEXT)
         r = df.iloc[0]
         lines += [f"### Is the default budget enough? ({_provenance(df)})", "",
                   f"`python -m experiments.search_budget -- --workers 10`: `--workload mnist-mlp` (fp32, H = 1024, "
@@ -316,7 +317,7 @@ def accuracy_section() -> list[str]:
 
     lines = []
     for path in sorted(RESULTS.glob("*/accuracy_spread.csv")):
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype=AS_TEXT)
         table = accuracy_spread.summary(df).reset_index()
         for col in ("mean", "sd", "min", "max"):
             table[col] = table[col].map("{:.4f}".format)

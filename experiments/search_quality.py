@@ -53,7 +53,7 @@ from kernels_core.mlp import Call
 from kernels_core.shapes import parse_shapes
 from kernels_core import backends
 from kernels_core.contract import DTYPES
-from kernels_core.provenance import provenance
+from kernels_core.provenance import AS_TEXT, provenance
 from experiments.paths import RESULTS, results_dir
 
 WITHIN = (0.03, 0.01)  # reach targets: within 3% and 1% of the grid's best
@@ -132,7 +132,7 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     runs_path = path.with_name(f"{path.stem}_runs.csv")
     done = set()
     if runs_path.exists():
-        runs = pd.read_csv(runs_path)
+        runs = pd.read_csv(runs_path, dtype=AS_TEXT)
         done = {(r["shape"], samplers.config_key({t: int(r[t]) for t in tunables}), int(r["repeat"]))
                 for _, r in runs.iterrows()}
     # Repeat-major: the timings of one config lie a whole pass apart, so a drift of the
@@ -144,7 +144,7 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
           f"{len(todo)} timings to go, the rest in {runs_path}")
     if todo:
         _measure(args, target, todo, TrialsCsv(runs_path, columns([*tunables, "repeat"])))
-    table = aggregate(pd.read_csv(runs_path), tunables)
+    table = aggregate(pd.read_csv(runs_path, dtype=AS_TEXT), tunables)
     table.to_csv(path, index=False)
     print(f"grid: wrote {path}")
     return table
@@ -213,7 +213,7 @@ def load_grid(path: Path, backend: str | None = None, dtype: str | None = None
     otherwise is refused (replayed over another space's tunables, configs that differ only in
     the others' would fold into one). A grid measured before a tunable was added ran that
     tunable's default throughout."""
-    grid = pd.read_csv(path)
+    grid = pd.read_csv(path, dtype=AS_TEXT)
     missing = {"shape", "status", "time_ms", *MEASURED_WITH} - set(grid.columns)
     if missing:
         raise GridError(f"--grid-csv {path}: no {', '.join(sorted(missing))} column; is it a grid written by "

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from kernels_core.provenance import REPO, provenance
+from kernels_core.provenance import AS_TEXT, REPO, provenance
 from tests.postgres import local_server
 from experiments.paths import results_dir
 
@@ -49,7 +49,7 @@ def _env() -> dict:
 
 
 def _judge(csvs: list[Path]) -> dict:
-    rows = pd.concat([pd.read_csv(c) for c in csvs if c.exists()])
+    rows = pd.concat([pd.read_csv(c, dtype=AS_TEXT) for c in csvs if c.exists()])
     measured = rows[rows["status"] != "invalid"]
     return {"measured": len(measured), "budget": BUDGET,
             "configs_measured_twice": int(measured.duplicated(["BLOCK_M", "BLOCK_N", "SPLIT"]).sum()),

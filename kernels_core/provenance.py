@@ -15,6 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 COLUMNS = (
     "utc", "device", "cc", "sm_count", "driver", "cuda", "python", "torch", "triton", "cupy", "optuna", "commit",
 )
+# Read back as written: a commit such as 359785e11863 is a float to pandas (inf), a version 13.0 a number.
+AS_TEXT = {c: str for c in COLUMNS if c != "sm_count"}
 
 
 def _version(dist: str) -> str:

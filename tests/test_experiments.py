@@ -185,8 +185,15 @@ def test_bench_wgmma_needs_a_gpu(monkeypatch, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_accuracy_spread_runs_each_seed_once_and_summarizes_the_runs_of_its_settings(tmp_path, capsys):
+@pytest.mark.parametrize("commit", ["abc1234", "359785e11863"])  # the second is a float (inf) to pandas
+def test_accuracy_spread_runs_each_seed_once_and_summarizes_the_runs_of_its_settings(tmp_path, capsys, monkeypatch,
+                                                                                     request, commit):
     from experiments import accuracy_spread
+    from kernels_core import provenance
+
+    monkeypatch.setenv("SOURCE_COMMIT", commit)
+    provenance._static.cache_clear()  # it holds the commit
+    request.addfinalizer(provenance._static.cache_clear)
 
     results = tmp_path / "spread.csv"
     args = ["--hidden", "8", "--epochs", "1", "--train-subset", "256", "--results", str(results),
