@@ -61,9 +61,13 @@ class StoreChoice:
     """The store a run uses (None: default configs) and the line that tells the user which."""
 
     path: Path | None
-    kind: str  # "yours", "shipped", "none"
+    kind: str  # "yours", "given" (--tuned-configs), "shipped", "none"
     note: str
-    warning: bool = False
+
+    @property
+    def warning(self) -> bool:
+        """A store shipped for another GPU: its configs run here but were timed elsewhere."""
+        return self.note.startswith("warning:")
 
 
 def tuned_on(data: dict) -> str | None:
@@ -88,15 +92,16 @@ def choose_store(out, target: str, device: str | None) -> StoreChoice:
             raise StoreError(f"{path}: the shipped store cannot be read: {exc}") from None
         if data.get("target") != target:
             continue
-        if device is not None and tuned_on(data) == device:
+        tuned = tuned_on(data)
+        if device is not None and tuned == device:
             return StoreChoice(path, "shipped", f"configs: {path}, shipped for {device} (no {own}: {TUNE} "
                                                 "writes it)")
-        others.append((path, tuned_on(data)))
+        others.append((path, tuned))
     if device is not None and others:
         path, other = others[0]
         return StoreChoice(path, "shipped", f"warning: no store is shipped for {device}: using {path}, tuned on "
                                             f"{other}, another {target} GPU, whose configs run here but may not be "
-                                            f"the fastest ({TUNE} tunes them for this one)", warning=True)
+                                            f"the fastest ({TUNE} tunes them for this one)")
     return StoreChoice(None, "none", f"configs: defaults (no {own}, and no store is shipped for "
                                      f"{device or target}: {TUNE} writes one)")
 

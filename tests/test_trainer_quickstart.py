@@ -46,7 +46,7 @@ def test_a_bad_flag_is_one_line_and_runs_nothing(argv, monkeypatch, capsys):
 def main_not_raising() -> int:
     try:
         return quickstart.main([])
-    except KeyboardInterrupt:  # left to escape, it would stop the whole test session
+    except KeyboardInterrupt:  # left to escape, it would stop the whole pytest run
         pytest.fail("Ctrl-C escaped quickstart.main as a traceback")
 
 
