@@ -22,5 +22,6 @@ test-full: setup
 test-gpu:
 	$(PYTEST)
 
+# On a GPU: every figure of the README's results section, measured at this commit (experiments.headline).
 bench:
-	$(PY) -m experiments.bench_kernels
+	$(PY) -m experiments.headline

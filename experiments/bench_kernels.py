@@ -3,11 +3,11 @@
     python -m experiments.bench_kernels [--quick] [--only elementwise,gemm,mlp,trainer]
         [--tuned-configs PATH] [--repeat N] [--out CSV]
 
-Groups: `elementwise` (256M elements), `gemm` (4096^3 per dtype), `mlp` (81
+Groups: `elementwise` (256M elements), `gemm` (4096^3 per dtype, each twin's
+default config and its tuned one where the store has the shape), `mlp` (81
 MLP-shaped GEMMs per dtype, default configs), and `trainer`: the GEMMs the
-trainer runs, in both of its protocols (default: fp32, batch 128,
-784-H-H-10 at H = 128, 1024, 4096; seed: fp16, batch 32, 784-H-H-H-10 at
-H = 128, 1024, 4096, 8192), with each twin's default config and, where the
+trainer runs, in both of its protocols at the widths kernels_core.mlp.PROTOCOLS
+lists, with each twin's default config and, where the
 tuned store (experiments/<target>/best.json) has that exact shape, its tuned
 one. `--repeat N` runs every case N times in turn, so the spread between runs
 of one config shows next to the differences between configs.
@@ -34,6 +34,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -41,6 +42,7 @@ from kernels_core.provenance import provenance
 from kernels_core.timing import bench, bench_in_graph
 from kernels_core import backends as kernel_packages
 from kernels_core.reference import exact, native
+from kernels_core.shapes import shape_key
 from experiments.paths import RESULTS, results_dir
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -68,8 +70,22 @@ def elementwise_cases(n_rows: int) -> list[Case]:
     ]
 
 
-def gemm_cases(size: int) -> list[Case]:
-    return [Case("gemm", "matmul", dt, (size, size, size)) for dt in ("fp32", "fp16", "bf16")]
+def gemm_cases(shapes: list[tuple[str, int]], store=None) -> list[Case]:
+    """Square products, (dtype, size) each, with each twin's default config and its tuned one where
+    the store has that exact shape."""
+    return [Case("gemm", "matmul", dt, (size,) * 3, configs=_configs(store, dt, shape_key((size,) * 3, "nn")))
+            for dt, size in shapes]
+
+
+def _configs(store, dtype: str, key: str) -> dict:
+    """Each twin's configs to time: its default, and its tuned one if the store has `key`."""
+    configs = {}
+    for backend in ("cuda", "triton"):
+        configs[backend] = [("default", None)]
+        tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
+        if source == "tuned":
+            configs[backend].append(("tuned", tuned))
+    return configs
 
 
 def mlp_cases(dtypes: list[str]) -> list[Case]:
@@ -86,27 +102,22 @@ def mlp_cases(dtypes: list[str]) -> list[Case]:
     return cases
 
 
-def trainer_cases(store=None) -> list[Case]:
-    """The distinct GEMMs of both trainer protocols, with the default and (when the store has the
-    exact shape) the tuned config of each twin."""
+def trainer_cases(store=None, widths: dict[str, tuple[int, ...]] | None = None) -> list[Case]:
+    """The distinct GEMMs of both trainer protocols (at `widths[protocol]`, default each protocol's
+    own), with the default and (when the store has the exact shape) the tuned config of each twin."""
     from kernels_core.mlp import PROTOCOLS, mlp_calls
 
     cases, seen = [], set()
-    for protocol in PROTOCOLS.values():
+    for name, protocol in PROTOCOLS.items():
         dtype = protocol.dtype
-        for hidden in protocol.widths:
+        for hidden in (widths or {}).get(name, protocol.widths):
             for call in mlp_calls(hidden, protocol.layers, protocol.batch_size, dtype):
                 if call.op != "matmul" or (dtype, call.key) in seen:
                     continue
                 seen.add((dtype, call.key))
-                configs = {}
-                for backend in ("cuda", "triton"):
-                    configs[backend] = [("default", None)]
-                    tuned, source = store.lookup("matmul", backend, dtype, call.key) if store else (None, "")
-                    if source == "tuned":
-                        configs[backend].append(("tuned", tuned))
                 kwargs = {"bias": call.bias, "activation": call.activation}
-                cases.append(Case("trainer", "matmul", dtype, call.shape, call.layout, kwargs, configs))
+                cases.append(Case("trainer", "matmul", dtype, call.shape, call.layout, kwargs,
+                                  _configs(store, dtype, call.key)))
     return cases
 
 
@@ -183,7 +194,8 @@ def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[
             t = bench(call, max_seconds=1.0, reps=50 if big else 100)
             g = bench_in_graph(call, calls=2 if big or case.group == "elementwise" else 10)
             row.update(status="ok", error="", **t.as_row(), gbps=nbytes / t.median_ms / 1e6,
-                       graph_ms=g.median_ms, graph_gbps=nbytes / g.median_ms / 1e6)
+                       graph_ms=g.median_ms, graph_p20_ms=g.p20_ms, graph_p80_ms=g.p80_ms,
+                       graph_gbps=nbytes / g.median_ms / 1e6)
             if work:
                 row["tflops"] = work / t.median_ms / 1e9
                 row["graph_tflops"] = work / g.median_ms / 1e9
@@ -213,7 +225,7 @@ def main(argv=None) -> int:
                     "(elementwise, gemm, mlp, trainer)")
     ap.add_argument("--backends", default="cuda,triton,torch")
     ap.add_argument("--tuned-configs", default=None,
-                    help="tuned store for the trainer group (default experiments/<target>/best.json, else the one "
+                    help="tuned store for the gemm and trainer groups (default experiments/<target>/best.json, else the one "
                          "shipped for this GPU)")
     ap.add_argument("--repeat", type=int, default=1, help="run every case this many times in turn (default 1)")
     ap.add_argument("--out", default=None, help="CSV path (default experiments/results/<gpu>/kernels.csv, "
@@ -224,54 +236,68 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA GPU: nothing to time on this machine.", file=sys.stderr)
         return 2
-    device = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 baselines are true fp32
-    gen = torch.Generator(device=device).manual_seed(0)
     backends = {b: (native if b == "torch" else kernel_packages.load(b)) for b in args.backends.split(",")}
 
     groups = args.only.split(",")
     n_rows = 16384 if args.quick else 65536
+    store = _tuned_store(args.tuned_configs) if {"gemm", "trainer"} & set(groups) else None
     cases = []
     if "elementwise" in groups:
         cases += elementwise_cases(n_rows)
     if "gemm" in groups:
-        cases += gemm_cases(2048 if args.quick else 4096)
+        cases += gemm_cases([(dt, 2048 if args.quick else 4096) for dt in ("fp32", "fp16", "bf16")], store)
     if "mlp" in groups:
         cases += mlp_cases(["fp16"] if args.quick else ["fp32", "fp16"])
     if "trainer" in groups:
-        cases += trainer_cases(_tuned_store(args.tuned_configs))
+        cases += trainer_cases(store)
 
-    copy_gbps = measure_copy(n_rows * 4096, device)
-    print(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
-    prov = provenance()
     name = "trainer_gemms" if "trainer" in groups else "kernels"
     out = Path(args.out) if args.out else results_dir() / f"{name}.csv"
+    rows = measure(cases, backends, n_rows * 4096, out, args.repeat)
+    print_table(rows)
+    print(f"wrote {out}")
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def measure(cases: list[Case], backends: dict, copy_elements: int, out: Path, repeat: int = 1,
+            log: Callable[[str], None] = _stderr, done_one: Callable[[], None] = lambda: None) -> list[dict]:
+    """The copy ceiling, then every case `repeat` times in turn; writes `out` and returns its rows.
+
+    Rows go to OUT.partial as each case ends, which becomes OUT once all are measured: a run
+    stopped at its time limit keeps what it measured and leaves the last complete OUT as it was."""
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 baselines are true fp32
+    gen = torch.Generator(device=device).manual_seed(0)
+    copy_gbps = measure_copy(copy_elements, device)
+    log(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
+    prov = provenance()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Rows go to OUT.partial as each case ends, which becomes OUT once all are measured: a run
-    # stopped at its time limit keeps what it measured and leaves the last complete OUT as it was.
     partial = out.with_name(out.name + ".partial")
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
                "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
-               "graph_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep", *prov]
-    rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{n_rows * 4096}",
+               "graph_ms", "graph_p20_ms", "graph_p80_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep",
+               *prov]
+    rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{copy_elements}",
                  status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
     with partial.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerow({**prov, **rows[0]})
-        for rep in range(args.repeat):
+        for rep in range(repeat):
             for i, case in enumerate(cases):
                 done = run_case(case, backends, device, gen, copy_gbps)
                 for row in done:
                     writer.writerow({**prov, **row, "rep": rep})
                 f.flush()
                 rows += done
-                print(f"[{rep + 1}/{args.repeat} {i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} "
-                      f"{case.shape}", file=sys.stderr, flush=True)
+                log(f"[{rep + 1}/{repeat} {i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} {case.shape}")
+                done_one()
     partial.replace(out)
-    print_table(rows)
-    print(f"wrote {out}")
-    return 0
+    return rows
 
 
 def _tuned_store(path):

@@ -45,6 +45,7 @@ import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="seed")
     ap.add_argument("--dtype", choices=("fp16", "fp32", "bf16"), default=None,
                     help="default: fp16 for the seed protocol, fp32 for the trainer's")
-    ap.add_argument("--hidden", default="128,256,512,1024,2048,4096,8192")
+    ap.add_argument("--hidden", default=None, help="comma-separated widths (default: the protocol's)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--max-autotune-hidden", default="128,1024",
                     help="the only widths at which the max-autotune variants run ('' for none)")
@@ -183,50 +184,68 @@ def main(argv=None) -> int:
         return 2
 
     dtype = args.dtype or PROTOCOLS[args.protocol].dtype
-    hidden = [128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")]
-    steps = 500 if args.quick and not args.steps else args.steps
-    base = base_config(args.protocol, dtype, steps)
+    hidden = ([128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")] if args.hidden
+              else list(PROTOCOLS[args.protocol].widths))
     tuned = Path(args.tuned_configs) if args.tuned_configs else choose_local_store(RESULTS.parent).path
-    autotune_h = {int(h) for h in args.max_autotune_hidden.split(",") if h}
-
     stem = "compare" if args.protocol == "seed" else "trainer"
     out = results_dir() / f"{stem}_{dtype}.csv"
+    rows = measure(args.protocol, dtype, hidden, variants, steps=500 if args.quick and not args.steps else args.steps,
+                   autotune_hidden={int(h) for h in args.max_autotune_hidden.split(",") if h}, tuned=tuned, out=out,
+                   curves_dir=results_dir() / "loss_curves")
+    print_table(rows)
+    print(f"wrote {out}")
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def measure(protocol: str, dtype: str, hidden: list[int], variants: list[str], *, steps: int | None,
+            autotune_hidden: set[int], tuned: Path | None, out: Path, curves_dir: Path | None = None,
+            log: Callable[[str], None] = _stderr, done_one: Callable[[], None] = lambda: None) -> list[dict]:
+    """Trains each variant at each width (torch eager first: the reference), merging a row per run
+    into `out` as it ends; returns all of out's rows. Runs `out` already holds for this commit and
+    settings are skipped; `done_one` is called after each run or skip (a progress bar's tick)."""
+    base = base_config(protocol, dtype, steps)
     rows = existing_rows(out)
     commit = provenance()["commit"]
     done = {tuple(str(r.get(k, "")) for k in KEY): r for r in rows}
-    curves_dir = results_dir() / "loss_curves"
-    curves_dir.mkdir(parents=True, exist_ok=True)
+    if curves_dir:
+        curves_dir.mkdir(parents=True, exist_ok=True)
 
     for h in hidden:
         eager_losses = None  # this width's torch-eager run: the reference
         for variant in ["torch-eager"] + [v for v in variants if v != "torch-eager"]:
-            if autotunes(variant) and h not in autotune_h:
+            if autotunes(variant) and h not in autotune_hidden:
                 continue
             spec = dict(VARIANTS[variant])
             if spec.get("tuned_configs") == "TUNED":
                 if tuned is None or not tuned.exists():
-                    print(f"skip {variant} h{h}: no tuned configs ({tuned or 'none of yours or shipped'})",
-                          file=sys.stderr)
+                    log(f"skip {variant} h{h}: no tuned configs ({tuned or 'none of yours or shipped'})")
+                    done_one()
                     continue
                 spec["tuned_configs"] = str(tuned)
             cfg = replace(base, hidden=h, **spec)
             sha = file_sha(spec.get("tuned_configs"))
-            key = (variant, str(h), dtype, args.protocol, run_length(cfg), sha, commit)
+            key = (variant, str(h), dtype, protocol, run_length(cfg), sha, commit)
             if key in done:
                 if variant == "torch-eager":
                     eager_losses = eager_losses_of(done[key])
+                done_one()
                 continue
-            print(f"== {variant} h{h} {dtype}", file=sys.stderr, flush=True)
+            log(f"== {variant} h{h} {dtype}")
             try:
                 s = train(cfg)
             except Exception as exc:  # one failing variant must not lose the others' rows
-                print(f"FAILED {variant} h{h}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                log(f"FAILED {variant} h{h}: {type(exc).__name__}: {exc}")
+                done_one()
                 continue
             losses, times = read_losses(s.csv)
             if variant == "torch-eager":
                 eager_losses = losses
             row = dict(variant=variant, backend=cfg.backend, hidden=h, layers=cfg.layers,
-                       batch_size=cfg.batch_size, dtype=dtype, protocol=args.protocol, run_length=run_length(cfg),
+                       batch_size=cfg.batch_size, dtype=dtype, protocol=protocol, run_length=run_length(cfg),
                        steps=s.steps, fused="" if s.fused is None else s.fused, ops_per_step=s.ops_per_step or "",
                        median_step_us=s.median_step_us, p20_step_us=quantile(times, 0.2),
                        p80_step_us=quantile(times, 0.8), train_seconds=s.train_seconds,
@@ -240,14 +259,13 @@ def main(argv=None) -> int:
                        config_source=s.config_source, tuned_configs_sha=sha, run_csv=Path(s.csv).name, **s.provenance)
             done[key] = row
             rows = write_csv(out, [row])
-            if run_length(cfg) == protocol_length(args.protocol):  # a step-time-only run keeps the curves
-                write_curve(curves_dir / f"losses_{dtype}_{args.protocol}_{variant}.csv", h, losses)
-            print(f"   {s.median_step_us:9.1f} us/step  {_x(row['speedup_vs_torch_eager'])} vs eager  "
-                  f"{_x(row['speedup_vs_best_torch'])} vs {row['best_torch_variant']}  setup {s.setup_seconds:.1f} s  "
-                  f"acc {s.test_accuracy:.4f}  loss {s.final_loss:.4f}", file=sys.stderr, flush=True)
-    print_table(rows)
-    print(f"wrote {out}")
-    return 0
+            if curves_dir and run_length(cfg) == protocol_length(protocol):  # a step-time-only run keeps none
+                write_curve(curves_dir / f"losses_{dtype}_{protocol}_{variant}.csv", h, losses)
+            log(f"   {s.median_step_us:9.1f} us/step  {_x(row['speedup_vs_torch_eager'])} vs eager  "
+                f"{_x(row['speedup_vs_best_torch'])} vs {row['best_torch_variant']}  setup {s.setup_seconds:.1f} s  "
+                f"acc {s.test_accuracy:.4f}  loss {s.final_loss:.4f}")
+            done_one()
+    return rows
 
 
 @contextlib.contextmanager

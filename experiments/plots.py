@@ -2,10 +2,11 @@
 
     python -m experiments.plots [--gpu h200]
 
-- step_time_<dtype>.png: step time vs H per variant (log-log), and
+- step_time_<protocol>.png: step time vs H per variant (log-log), and
   beneath it the speedup vs the fastest torch variant at each width (named
-  above that panel) and vs torch eager (compare_*.csv; a step-time-only run
-  of N steps gets its own, step_time_<dtype>_<N>steps.png);
+  above that panel) and vs torch eager (compare_*.csv for the seed protocol,
+  trainer_*.csv for the default one; a step-time-only run of N steps gets its
+  own, step_time_<protocol>_<N>steps.png);
 - loss_curves_<dtype>.png: every variant's loss curve overlaid;
 - tuned_vs_default.png: speedup of each tuned kernel over its default
   config (best.json in --tuning-dir, default experiments/results/<gpu>/tuning/<target>/);
@@ -29,18 +30,22 @@ import pandas as pd  # noqa: E402
 from experiments import compare  # noqa: E402
 from experiments.paths import results_dir  # noqa: E402
 from experiments.report import latest, load_compare  # noqa: E402
-from kernels_core.provenance import AS_TEXT
+from kernels_core.mlp import PROTOCOLS  # noqa: E402
+from kernels_core.provenance import AS_TEXT  # noqa: E402
 
 
 
-def step_time(gpu: str) -> list[Path]:
+def step_time(folder: Path) -> list[Path]:
+    """From the compare CSVs in `folder`, into it (experiments.headline draws its own run's)."""
     made = []
-    for path in sorted(results_dir(gpu).glob("compare_*.csv")):
+    for path in sorted(folder.glob("compare_*.csv")) + sorted(folder.glob("trainer_fp*.csv")):
         df = load_compare(path)
         if df.empty:
             continue
-        dtype = path.stem.split("_")[-1]
-        own = compare.protocol_length(df.protocol.iloc[0])
+        dtype, protocol = df.dtype.iloc[0], df.protocol.iloc[0]
+        p = PROTOCOLS[protocol]
+        net = "-".join(["784", *["H"] * p.layers, "10"])
+        own = compare.protocol_length(protocol)
         for length, run in df.groupby("run_length", sort=False):
             run = latest(run, ["variant", "hidden"])
             fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(7, 9), sharex=True, height_ratios=(2, 1, 1))
@@ -54,7 +59,7 @@ def step_time(gpu: str) -> list[Path]:
             mid.set_title("fastest torch: " + "; ".join(f"{v} at H={', '.join(map(str, hs))}" for v, hs in widths),
                           fontsize=8)
             top.set(xscale="log", yscale="log", ylabel="median step time (µs)",
-                    title=f"MNIST MLP 784-H-H-H-10, batch 32, {dtype}, {length}, {df.device.iloc[0]}")
+                    title=f"MNIST MLP {net}, batch {p.batch_size}, {dtype}, {length}, {df.device.iloc[0]}")
             top.legend(fontsize=8)
             mid.set(ylabel="speedup vs the\nfastest torch variant")
             bottom.set(xscale="log", xlabel="hidden width H", ylabel="speedup vs torch eager")
@@ -63,13 +68,13 @@ def step_time(gpu: str) -> list[Path]:
             for ax in (mid, bottom):
                 ax.axhline(1.0, color="grey", lw=0.8)
             suffix = "" if length == own else "_" + length.replace(" ", "")
-            made.append(save(fig, gpu, f"step_time_{dtype}{suffix}.png"))
+            made.append(save(fig, folder, f"step_time_{protocol}{suffix}.png"))
     return made
 
 
-def loss_curves(gpu: str) -> list[Path]:
+def loss_curves(folder: Path) -> list[Path]:
     made = []
-    curves = results_dir(gpu) / "loss_curves"
+    curves = folder / "loss_curves"
     for dtype in ("fp16", "fp32", "bf16"):
         files = sorted(curves.glob(f"losses_{dtype}_seed_*.csv"))
         if not files:
@@ -80,13 +85,13 @@ def loss_curves(gpu: str) -> list[Path]:
             h = 1024 if (df.hidden == 1024).any() else df.hidden.max()
             g = df[df.hidden == h]
             ax.plot(g.step, g.loss, lw=0.8, label=f"{f.stem.split('_seed_')[-1]} (H={h})")
-        ax.set(xlabel="step", ylabel="training loss", yscale="log", title=f"loss curves, {dtype}, {gpu}")
+        ax.set(xlabel="step", ylabel="training loss", yscale="log", title=f"loss curves, {dtype}, {folder.name}")
         ax.legend(fontsize=8)
-        made.append(save(fig, gpu, f"loss_curves_{dtype}.png"))
+        made.append(save(fig, folder, f"loss_curves_{dtype}.png"))
     return made
 
 
-def tuned_vs_default(gpu: str, target: str, tuning: Path) -> list[Path]:
+def tuned_vs_default(folder: Path, target: str, tuning: Path) -> list[Path]:
     store = tuning / "best.json"
     if not store.exists():
         return []
@@ -100,12 +105,12 @@ def tuned_vs_default(gpu: str, target: str, tuning: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(df) + 1.5))
     df.plot.barh(ax=ax)
     ax.axvline(1.0, color="grey", lw=0.8)
-    ax.set(xlabel="tuned / default speed", title=f"what tuning bought per kernel ({target}, {gpu})")
-    return [save(fig, gpu, "tuned_vs_default.png")]
+    ax.set(xlabel="tuned / default speed", title=f"what tuning bought per kernel ({target}, {folder.name})")
+    return [save(fig, folder, "tuned_vs_default.png")]
 
 
-def roofline(gpu: str) -> list[Path]:
-    path = results_dir(gpu) / "kernels.csv"
+def roofline(folder: Path) -> list[Path]:
+    path = folder / "kernels.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path, dtype=AS_TEXT)
@@ -125,7 +130,7 @@ def roofline(gpu: str) -> list[Path]:
     if mm.empty:  # e.g. `bench_kernels --only elementwise`
         right.set_axis_off()
         right.text(0.5, 0.5, "no matmul rows in this CSV", ha="center")
-        return [save(fig, gpu, "roofline.png")]
+        return [save(fig, folder, "roofline.png")]
     elt = mm.dtype.map({"fp32": 4, "fp16": 2, "bf16": 2})
     dims = mm["shape"].str.split(":").str[0].str.split("x", expand=True).astype(float)
     m, n, k = dims[0], dims[1], dims[2]
@@ -140,12 +145,12 @@ def roofline(gpu: str) -> list[Path]:
     right.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte of compulsory traffic)",
               ylabel="TFLOP/s", title="matmuls vs the measured roofline")
     right.legend(fontsize=6)
-    return [save(fig, gpu, "roofline.png")]
+    return [save(fig, folder, "roofline.png")]
 
 
-def save(fig, gpu: str, name: str) -> Path:
+def save(fig, folder: Path, name: str) -> Path:
     fig.tight_layout()
-    path = results_dir(gpu) / name
+    path = folder / name
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -160,11 +165,12 @@ def main(argv=None) -> int:
                          "experiments/results/<gpu>/tuning/<target>)")
     args = ap.parse_args(argv)
     tuning = args.tuning_dir or results_dir(args.gpu) / "tuning" / args.target
+    folder = results_dir(args.gpu)
     makers = {
-        "step time": lambda: step_time(args.gpu),
-        "loss curves": lambda: loss_curves(args.gpu),
-        "tuned vs default": lambda: tuned_vs_default(args.gpu, args.target, tuning),
-        "roofline": lambda: roofline(args.gpu),
+        "step time": lambda: step_time(folder),
+        "loss curves": lambda: loss_curves(folder),
+        "tuned vs default": lambda: tuned_vs_default(folder, args.target, tuning),
+        "roofline": lambda: roofline(folder),
     }
     failed = 0
     for name, make in makers.items():

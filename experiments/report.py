@@ -1,9 +1,10 @@
-"""Regenerate the README's results section from the committed CSVs (no hand-typed numbers).
+"""The README's results section, regenerated from one run of experiments.headline (no hand-typed numbers).
 
     python -m experiments.report [--gpu h200] [--check]
 
-Rewrites what lies between the markers `<!-- results:begin -->` and
-`<!-- results:end -->` in README.md. `--check` exits 1 if the README is stale.
+Rewrites what lies between the markers `<!-- results:begin -->` and `<!-- results:end -->` in
+README.md from experiments/results/<gpu>/headline/. `--check` exits 1 if that section is stale,
+or if the run's CSVs mix commits or repeat a row: the section shows one run, whole.
 """
 from __future__ import annotations
 
@@ -14,87 +15,25 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import compare
-from experiments.paths import RESULTS, results_dir
+from experiments.paths import results_dir
 from kernels_core.provenance import AS_TEXT
 
 EXPERIMENTS = Path(__file__).resolve().parent
 README = EXPERIMENTS.parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# The seed project's published step-time speedups of its CUDA MLP over eager PyTorch (RTX 3060): about
+# 5.2x at H = 128-256, falling to about 1.5x at H = 2048-8192; it gave no figure for 512 and 1024.
+SEED_PROJECT = {128: 5.2, 256: 5.2, 2048: 1.5, 4096: 1.5, 8192: 1.5}
+
+
+class NotOneRun(ValueError):
+    """The headline folder's CSVs are not one run: several commits, or a repeated row."""
 
 
 def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """The last row of each `by` group: a rerun at a new commit appends rows, and the
     newest measurement is the one to show, not an average across code versions."""
     return df.drop_duplicates(by, keep="last")
-
-
-def _provenance(df: pd.DataFrame) -> str:
-    r = df.iloc[0]
-    commits = sorted(df["commit"].astype(str).unique())  # a section's rows may come from several runs
-    stack = [f"{name} {r[col]}" for name, col in (("torch", "torch"), ("triton", "triton"), ("cupy", "cupy"),
-                                                    ("CUDA", "cuda")) if pd.notna(r[col])]  # a CPU has no CUDA
-    return ", ".join([str(r["device"]), str(r["utc"])[:10], *stack,
-                      f"commit{'s' * (len(commits) > 1)} {', '.join(commits)}"])
-
-
-def _table(df: pd.DataFrame) -> str:
-    head = "| " + " | ".join(df.columns) + " |"
-    sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, sep, *body])
-
-
-def _gemm_table(ok: pd.DataFrame) -> pd.DataFrame:
-    """The 4096^3 products of a bench_kernels CSV (its `gemm` group), one row per dtype and backend:
-    the median over a --repeat run's rounds."""
-    gemm = ok[ok.group == "gemm"]
-    if gemm.empty:
-        return pd.DataFrame()
-    gemm = gemm.groupby(["dtype", "backend"], as_index=False, sort=False)[["time_ms", "tflops", "vs_torch"]].median()
-    return pd.DataFrame({
-        "dtype": gemm.dtype, "backend": gemm.backend, "ms": gemm.time_ms.map("{:.3f}".format),
-        "TFLOP/s": gemm.tflops.map("{:.1f}".format), "vs cuBLAS": gemm.vs_torch.map("{:.2f}".format)})
-
-
-def kernels_section(gpu: str) -> list[str]:
-    path = results_dir(gpu) / "kernels.csv"
-    if not path.exists():
-        return []
-    df = pd.read_csv(path, dtype=AS_TEXT)
-    ok = df[df.status == "ok"]
-    ew = ok[ok.group.isin(["elementwise", "ceiling"])]
-    ew_t = pd.DataFrame({
-        "op": ew.op, "backend": ew.backend, "config": ew.config_label.fillna(""),
-        "ms": ew.time_ms.map(lambda v: f"{v:.3f}" if pd.notna(v) else ""),
-        "GB/s": ew.gbps.map("{:.0f}".format), "% of copy": ew.pct_of_copy.map("{:.1f}".format)})
-    gemm_t = _gemm_table(ok)
-    failed = df[(df.status != "ok") & df.status.notna()]
-    lines = [f"### Kernels at their default configs ({_provenance(df)})", "",
-             "`python -m experiments.bench_kernels` — 256M fp32 elements; L2 flushed between repetitions.", "",
-             "Config labels are as of the commit named; `default` means the default at that commit "
-             "(experiments/FINDINGS.md, \"Memory-bound kernels\").", "",
-             _table(ew_t), "", "Matmul 4096³ (cuBLAS through torch in the same run; fp32 with TF32 off):", "",
-             _table(gemm_t), ""]
-    mlp = ok[ok.group == "mlp"]
-    if len(mlp):
-        values = [c for c in ("vs_torch", "graph_vs_torch") if c in mlp.columns]
-        piv = mlp.pivot_table(index=["dtype", "backend"], values=values, aggfunc="median").reset_index()
-        for c in values:
-            piv[c] = piv[c].map("{:.2f}".format)
-        graphed = ("; the graph-replay column times calls replayed in a CUDA graph, the kernels' own time"
-                   if "graph_vs_torch" in values else "; this run predates the graph-replay timing")
-        lines += [f"MLP-shaped GEMMs ({mlp['shape'].nunique()} shapes: batch 32/128/1024 × 784/1024/4096 → "
-                  "10/1024/4096, forward and both backward products): median speed vs cuBLAS. Per call, small "
-                  f"shapes measure the Python wrapper's launch cost, not the kernel{graphed} "
-                  "(experiments/FINDINGS.md, \"Timing method\").", "",
-                  _table(piv.rename(columns={"vs_torch": "per call vs cuBLAS",
-                                             "graph_vs_torch": "graph replay vs cuBLAS"})), ""]
-    plot = results_dir(gpu) / "roofline.png"
-    if plot.exists():
-        lines += [f"![kernels vs the measured ceilings]({plot.relative_to(README.parent)})", ""]
-    if len(failed):
-        lines += [f"{len(failed)} case(s) failed their correctness check and were not timed; see the CSV.", ""]
-    return lines
 
 
 def load_compare(path: Path) -> pd.DataFrame:
@@ -111,247 +50,256 @@ def load_compare(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _speedup(v) -> str:
-    return f"{v:.2f}×" if v != "" and pd.notna(v) else ""
+def _table(df: pd.DataFrame) -> str:
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])
 
 
-def _step_time_table(df: pd.DataFrame, with_accuracy: bool) -> str:
-    piv = df.pivot_table(index="variant", columns="hidden", values="median_step_us")
-    fastest = df[df.backend == "torch"].sort_values("median_step_us").drop_duplicates("hidden")
-    cells = piv.map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
-    for r in fastest.itertuples():
-        cells.loc[r.variant, r.hidden] = f"**{cells.loc[r.variant, r.hidden]}**"
-    cells.columns = [f"H={c} µs" for c in cells.columns]
-    if with_accuracy:
-        acc = df.pivot_table(index="variant", values="test_accuracy", aggfunc="min")
-        cells["min test acc"] = acc.test_accuracy.map("{:.4f}".format)
-    if "ops_per_step" in df and df.ops_per_step.notna().any():  # counted since the fused step (section 13)
-        ops = df.pivot_table(index="variant", values="ops_per_step", aggfunc="max").ops_per_step
-        cells["GPU ops/step"] = ops.reindex(cells.index).map(lambda v: f"{v:.0f}" if pd.notna(v) else "")
-    setup = df.pivot_table(index="variant", values="setup_seconds", aggfunc="max")
-    cells["max setup s"] = setup.setup_seconds.map("{:.1f}".format)
-    return _table(cells.reset_index())
+def _unique(df: pd.DataFrame, key: list[str], what: str) -> pd.DataFrame:
+    dupes = df[df.duplicated(key, keep=False)]
+    if len(dupes):
+        first = dupes.iloc[0]
+        raise NotOneRun(f"{what} repeats a row: {', '.join(f'{k}={first[k]}' for k in key)}")
+    return df
 
 
-def _speedup_table(df: pd.DataFrame) -> str:
-    kernels = df[df.backend != "torch"].sort_values(["hidden", "variant"])
-    best_us = kernels.median_step_us * pd.to_numeric(kernels.speedup_vs_best_torch, errors="coerce")
-    return _table(pd.DataFrame({
-        "H": kernels.hidden, "variant": kernels.variant, "µs": kernels.median_step_us.map("{:.0f}".format),
-        # Eager is the fastest torch variant only of a run that timed no other.
-        "best torch": [f"{v} ({us:.0f} µs{'; no other torch variant in that run' if v == 'torch-eager' else ''})"
-                       if v else "" for v, us in zip(kernels.best_torch_variant, best_us)],
-        "vs best torch": kernels.speedup_vs_best_torch.map(_speedup),
-        "vs torch eager": kernels.speedup_vs_torch_eager.map(_speedup)}))
+def _rounds(df: pd.DataFrame, key: list[str], value: str) -> pd.DataFrame:
+    """Per `key`, the median of a value over the run's rounds and their range (lo, hi)."""
+    _unique(df, [*key, "rep"], "a round")
+    g = df.groupby(key, sort=False, dropna=False)[value]
+    return pd.DataFrame({"median": g.median(), "lo": g.min(), "hi": g.max()}).reset_index()
 
 
-def compare_section(gpu: str) -> list[str]:
-    lines = []
-    for path in sorted(results_dir(gpu).glob("compare_*.csv")) + sorted(results_dir(gpu).glob("trainer_fp*.csv")):
-        df = load_compare(path)
-        if df.empty:
-            continue
-        proto, dtype = df.protocol.iloc[0], df.dtype.iloc[0]
-        own = compare.protocol_length(proto)
-        net = ("seed protocol: 784-H-H-H-10, batch 32, SGD lr 0.003" if proto == "seed"
-               else "trainer defaults: 784-H-H-10, batch 128, SGD momentum 0.9")
-        for length, run in df.groupby("run_length", sort=False):
-            run = latest(run, ["variant", "hidden"])
-            full = length == own
-            steps = "" if full else f" --steps {length.split()[0]}"
-            lines += [f"### Training step time, {net}, "
-                      f"{length if full else f'step time only (first {length})'}, {dtype} ({_provenance(run)})", "",
-                      f"`python -m experiments.compare --protocol {proto} --dtype {dtype}{steps}` — median step "
-                      "time (data gather included); compilation and autotuning excluded from it, and shown as setup "
-                      "seconds (the most at any width); in bold the fastest torch variant at each width.", "",
-                      _step_time_table(run, with_accuracy=full), ""]
-            if (run.backend != "torch").any():
-                lines += ["Speedups against the best (fastest) torch variant and against torch eager of the same "
-                          "run key (width, protocol, run length, commit):", "", _speedup_table(run), ""]
-            for name, alt in (("step_time", "step time vs H"), ("loss_curves", "loss curves")):
-                plot = results_dir(gpu) / f"{name}_{dtype}.png"
-                if proto == "seed" and full and plot.exists():
-                    lines += [f"![{alt}]({plot.relative_to(README.parent)})", ""]
-    return lines
+def _x(v) -> str:
+    return f"{v:.2f}×" if pd.notna(v) and v != "" else ""
 
 
-def gemms_section(gpu: str) -> list[str]:
-    """The trainer's GEMMs, each twin at its default and tuned config, against cuBLAS in the same run
-    (bench_kernels --only trainer): CUDA-graph replays, the kernels' own time."""
-    path = results_dir(gpu) / "trainer_gemms.csv"
-    if not path.exists():
-        return []
-    df = pd.read_csv(path, dtype=AS_TEXT)
+def _us_range(median: float, lo: float, hi: float) -> str:
+    return f"{median:.1f} ({lo:.1f}–{hi:.1f})"
+
+
+def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
+    ok = df[df.status == "ok"]
+    ew = ok[ok.group == "elementwise"]
+    copy = ok[ok.group == "ceiling"].gbps.iloc[0]
+    ew = _rounds(ew, ["op", "backend", "config_label"], "gbps")
+    ew_t = pd.DataFrame({"op": ew.op, "backend": ew.backend, "config": ew.config_label,
+                         "GB/s (range of rounds)": [f"{m:.0f} ({lo:.0f}–{hi:.0f})" for m, lo, hi in
+                                                    zip(ew["median"], ew.lo, ew.hi)],
+                         "% of copy": (100 * ew["median"] / copy).map("{:.1f}".format)})
+    gemm = ok[ok.group == "gemm"]
+    ms = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "time_ms")
+    x = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "vs_torch")
+    size = ms["shape"].str.split("x").str[0].astype(int)
+    gemm_t = pd.DataFrame({
+        "matmul": [f"{s}³ {d}" for s, d in zip(size, ms.dtype)], "backend": ms.backend,
+        "config": ms.config_label.str.replace("cuBLAS/aten", "cuBLAS"),
+        "ms (range of rounds)": [f"{m:.3f} ({lo:.3f}–{hi:.3f})" for m, lo, hi in zip(ms["median"], ms.lo, ms.hi)],
+        "TFLOP/s": (2 * size.astype(float) ** 3 / ms["median"] / 1e9).map("{:.0f}".format),
+        "vs cuBLAS": x["median"].map("{:.2f}".format)})
+    rounds = int(gemm.rep.max()) + 1
+    return [f"### Kernels against the device's ceilings (commit {commit})", "",
+            f"Elementwise ops on 256M fp32 elements against a device-to-device copy of {copy:.0f} GB/s "
+            f"(bytes read + written), L2 flushed between repetitions; the median of {rounds} rounds and "
+            "their range:", "", _table(ew_t), "",
+            "Square matmuls, each twin at its default config and at the store's tuned one (`tuned`), against "
+            "cuBLAS through torch in the same round (fp32 with TF32 off); `vs cuBLAS` is the median of the "
+            "rounds' ratios:", "", _table(gemm_t), ""]
+
+
+def gemms_section(df: pd.DataFrame, commit: str) -> list[str]:
+    """The trainer's GEMMs: CUDA-graph replays, the kernels' own time, each against cuBLAS."""
     ok = df[(df.group == "trainer") & (df.status == "ok")]
-    if ok.empty:
-        return []
-    # With --repeat N each case has N rows: their median time stands for it.
-    ok = ok.groupby(["dtype", "backend", "shape", "config_label"], as_index=False).graph_ms.median()
-    cublas = ok[ok.backend == "torch"].set_index(["dtype", "shape"]).graph_ms
-    ok = ok[ok.backend != "torch"]
-    ok["x"] = [cublas[(d, s)] / ms for d, s, ms in zip(ok.dtype, ok["shape"], ok.graph_ms)]
-    dims = ok["shape"].str.split(":").str[0].str.split("x", expand=True).astype(int)
-    ok["small"] = (dims[2] >= 784) & (dims[0] * dims[1] <= 131072)
-    summary = []
-    for (dtype, backend, label), g in ok.groupby(["dtype", "backend", "config_label"]):
-        small = g[g.small]
-        summary.append({"dtype": dtype, "backend": backend, "config": label, "shapes": len(g),
-                        "median vs cuBLAS": f"{g.x.median():.2f}×",
-                        "K ≥ 784, M·N ≤ 131072": f"{small.x.median():.2f}× ({len(small)})" if len(small) else ""})
-    tuned = ok[ok.config_label == "tuned"]
-    per_shape = tuned.pivot_table(index=["dtype", "shape"], columns="backend", values=["graph_ms", "x"])
+    t = _rounds(ok, ["dtype", "shape", "backend", "config_label"], "graph_ms")
+    cublas = t[t.backend == "torch"].set_index(["dtype", "shape"])["median"]
+    t = t[t.backend != "torch"].copy()
+    t["x"] = [cublas[(d, s)] / ms for d, s, ms in zip(t.dtype, t["shape"], t["median"])]
+    summary = [{"dtype": dtype, "backend": backend, "config": label, "shapes": len(g),
+                "median vs cuBLAS": f"{g.x.median():.2f}×", "slowest": f"{g.x.min():.2f}×", "fastest": f"{g.x.max():.2f}×"}
+               for (dtype, backend, label), g in t.groupby(["dtype", "backend", "config_label"])]
+    tuned = t[t.config_label == "tuned"].pivot_table(index=["dtype", "shape"], columns="backend",
+                                                     values=["median", "x"], sort=False)
     rows = []
-    for (dtype, shape), r in per_shape.iterrows():
+    for (dtype, shape), r in tuned.iterrows():
         row = {"dtype": dtype, "shape": shape, "cuBLAS µs": f"{cublas[(dtype, shape)] * 1e3:.1f}"}
         for backend in ("cuda", "triton"):
-            ms, x = r.get(("graph_ms", backend)), r.get(("x", backend))
+            ms, x = r.get(("median", backend)), r.get(("x", backend))
             row[f"{backend} tuned µs"] = f"{ms * 1e3:.1f} ({x:.2f}×)" if pd.notna(ms) else ""
         rows.append(row)
-    lines = [f"### The trainer's GEMMs against cuBLAS ({_provenance(df)})", "",
-             "`python -m experiments.bench_kernels --only trainer` (with `,gemm` also matmul 4096³) — every distinct GEMM of both trainer "
-             "protocols (fp32: batch 128, 784-H-H-10, H = 128/1024/4096; fp16: batch 32, 784-H-H-H-10, "
-             "H = 128...8192), each twin at its default config and, where the tuned store has the shape, its "
-             "tuned one; cuBLAS in the same run; CUDA-graph replays of 10 calls (inputs warm in L2, as in a "
-             "graphed training step). Medians of cuBLAS time / twin time:", "",
-             _table(pd.DataFrame(summary)), ""]
-    if rows:
-        lines += ["Per shape, tuned (the last column of the summary counts the shapes where one program per "
-                  "tile leaves the H200's 132 SMs idle):", "", _table(pd.DataFrame(rows)), ""]
-    gemm = _gemm_table(df[df.status == "ok"])
-    if len(gemm):
-        lines += ["Matmul 4096³ in the same run, default configs (L2 flushed; fp32 with TF32 off):", "",
-                  _table(gemm), ""]
-    return lines
+    return [f"### The trainer's GEMMs against cuBLAS (commit {commit})", "",
+            f"Every distinct GEMM of both protocols' training steps at every width ({t['shape'].nunique()} "
+            "shapes), each twin at its default and its tuned config; CUDA-graph replays of 10 calls (inputs "
+            "warm in L2, as in a graphed step), medians of the rounds; cuBLAS time / twin time:", "",
+            _table(pd.DataFrame(summary)), "", "<details><summary>Per shape, tuned</summary>", "",
+            _table(pd.DataFrame(rows)), "", "</details>", ""]
 
 
-def wgmma_section(gpu: str) -> list[str]:
-    """The CUDA twin's Hopper matmul, step by step against cuBLAS (experiments.bench_wgmma)."""
-    path = results_dir(gpu) / "wgmma.csv"
-    if not path.exists():
-        return []
-    df = pd.read_csv(path, dtype=AS_TEXT)
-    wide = df.pivot_table(index=["step", "label"], columns=["size", "dtype"], values="vs_cublas", sort=False)
-    table = pd.DataFrame({"step": [label for _, label in wide.index]})
-    for size, dtype in wide.columns:
-        table[f"{size}³ {dtype}"] = [f"{v:.2f}" for v in wide[(size, dtype)]]
-    cublas = df[df.label == "cuBLAS"]
-    return [f"### CUDA matmul on Hopper: wgmma + TMA ({_provenance(df)})", "",
-            f"`python -m experiments.bench_wgmma` — speed against cuBLAS (1.00), median of {int(df.runs.max())} runs, "
-            "L2 flushed; cuBLAS: " + ", ".join(f"{r.size}³ {r.dtype} {r.tflops:.0f} TFLOP/s" for r in cublas.itertuples())
-            + ".", "", _table(table), ""]
+def headline_steps(df: pd.DataFrame) -> pd.DataFrame:
+    """Per width: each tuned twin's median step, the fastest torch variant's, and the twins' speedups."""
+    rows = []
+    for h, g in df.groupby(df.hidden.astype(int)):
+        torch_rows = g[g.backend == "torch"].sort_values("median_step_us")
+        best = torch_rows.iloc[0]
+        eager = torch_rows[torch_rows.variant == "torch-eager"].median_step_us
+        row = {"H": h}
+        for twin in ("cuda", "triton"):
+            us = g[g.variant == f"{twin}-tuned"].median_step_us
+            row[f"{twin} µs"] = f"{us.iloc[0]:.1f}" if len(us) else ""
+            row[f"{twin} vs best torch"] = _x(best.median_step_us / us.iloc[0]) if len(us) else ""
+            row[f"{twin} vs eager"] = _x(eager.iloc[0] / us.iloc[0]) if len(us) and len(eager) else ""
+        row["fastest torch"] = f"{best.variant} {best.median_step_us:.1f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
-def tuning_section(gpu: str, target: str) -> list[str]:
-    # The committed copy of a tuning run (experiments/<target>/ itself is run output, not committed).
-    path = results_dir(gpu) / "tuning" / target / "trials.csv"
-    if not path.exists():
-        return []
-    df = pd.read_csv(path, dtype=AS_TEXT)
-    if df.empty:
-        return []
-    counts = df.status.value_counts().to_dict()
-    lines = [f"### Tuning ({target}, {_provenance(df)})", "",
-             f"`python -m autotune.search --workload mnist-mlp` — {len(df)} trials in "
-             f"{df.study.nunique()} studies; outcomes: "
-             + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".", ""]
-    plot = results_dir(gpu) / "tuned_vs_default.png"
+def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
+    from experiments.headline import MAX_AUTOTUNE_VARIANTS, STEPS
+
+    _unique(df, ["variant", "hidden"], "a step-time table")
+    protocol = df.protocol.iloc[0]
+    p = compare.PROTOCOLS[protocol]
+    widths = sorted(df.hidden.astype(int).unique())
+    cells = {}
+    for r in df.itertuples():
+        cells.setdefault(r.variant, {})[int(r.hidden)] = _us_range(r.median_step_us, r.p20_step_us, r.p80_step_us)
+    order = [v for v in compare.VARIANTS if v in cells or v in MAX_AUTOTUNE_VARIANTS]
+    table = pd.DataFrame([{"variant": v, **{f"H={h}": cells.get(v, {}).get(h, "`--full`" if v in MAX_AUTOTUNE_VARIANTS else "")
+                                           for h in widths}} for v in order])
+    net = "-".join(["784", *["H"] * p.layers, "10"])
+    what = ("the seed project's protocol" if protocol == "seed" else "the trainer's defaults")
+    lines = [f"### Training step, {what}: {net}, {p.dtype}, batch {p.batch_size} (commit {commit})", "",
+             f"Median step time in µs over {STEPS} steps (20th–80th percentile of the steps), data gather "
+             "included, compilation and autotuning excluded; `--full` marks the max-autotune variants, "
+             "measured only by `python -m experiments.headline --full` (~35 s of autotuning per GEMM shape):",
+             "", _table(table), ""]
+    speed = headline_steps(df)
+    if protocol == "seed":
+        speed["seed project, CUDA vs eager (RTX 3060)"] = speed.H.map(lambda h: f"~{SEED_PROJECT[h]}×" if h in SEED_PROJECT else "")
+    lines += ["Each twin on its tuned configs against the fastest torch variant at that width and against torch "
+              "eager:", "", _table(speed), ""]
+    plot = folder / f"step_time_{protocol}.png"
     if plot.exists():
-        lines += [f"![tuned vs default]({plot.relative_to(README.parent)})", ""]
+        lines += [f"![step time vs H, {protocol} protocol]({plot.relative_to(README.parent)})", ""]
     return lines
 
 
-def _configs(median: float) -> str:
-    return "never" if median == float("inf") else f"{median:g}"
+def tuning_section(df: pd.DataFrame, commit: str) -> list[str]:
+    t = df.iloc[0]
+    return [f"### Tuning cost (commit {commit})", "",
+            f"`{t.command}` (one worker, the default): {int(t.trials)} trials ({int(t.ok_trials)} valid) in "
+            f"{int(t.studies)} studies, {t.wall_s:.0f} s of wall time, {t.trials_per_s:.2f} trials per second.", ""]
 
 
-def search_section(gpu: str) -> list[str]:
-    """The samplers replayed on the full grids (experiments.search_quality), and the workload
-    search's default budget against a long run (experiments.search_budget)."""
-    lines = []
-    summaries = sorted(results_dir(gpu).glob("search_quality*_full_summary.csv"))
-    if summaries:
-        from experiments import search_quality as sq
-
-        rows = []
-        after = (*map(str, sq.CHECKPOINTS), sq.BUDGET_COLUMN)
-        for path in summaries:
-            grid = pd.read_csv(path.with_name(path.name.replace("search_quality", "search_quality_grid")
-                                             .replace("_summary", "")), dtype=AS_TEXT)
-            # The best found from the replays' curves cut at the budget the table states: a replay
-            # may have run longer (those of 2026-12-01 measured 90 configs of grids whose 10% is 86
-            # and 88). The rest as the replay counted it, from times the CSVs keep to 6 digits only.
-            curves = pd.read_csv(path.with_name(path.name.replace("_summary", "")), dtype=AS_TEXT)
-            seeds = pd.read_csv(path.with_name(path.name.replace("_summary", "_seeds")), dtype=AS_TEXT)
-            best = sq.summary_at(curves, seeds, sq.BUDGET_SHARE).set_index(["shape", "sampler"])
-            for _, r in pd.read_csv(path, dtype=AS_TEXT).iterrows():
-                at = best.loc[(r["shape"], r["sampler"])]
-                rows.append({"grid": f"{grid.backend.iloc[0]} {grid.dtype.iloc[0]} {r['shape']} ({r['grid_configs']})",
-                             "sampler": r["sampler"], "within 3% in 10%": f"{r['success_3%_in_budget']:.0%}",
-                             "median configs to 3%": _configs(r["median_to_3%"]),
-                             "within 1% in 10%": f"{r['success_1%_in_budget']:.0%}",
-                             f"best after {' / '.join(after)}": " / ".join(f"{at[f'median_best_at_{k}']:.3f}" for k in after)})
-        lines += ["### The tuner's samplers on full grids measured on the H200", "",
-                  "`python -m experiments.search_quality --grid-csv experiments/results/<gpu>/search_quality_grid_<grid>.csv "
-                  "--samplers ... --seeds 100 --budget 0.1`: every valid config timed 3 times on the GPU, then each "
-                  "sampler replayed through the tuner's own loop, 100 seeds, a budget of 10% of the grid; a trial is a "
-                  "distinct config measured; best found as a ratio to the grid's best (median seed).", "",
-                  _table(pd.DataFrame(rows)), ""]
-    path = results_dir(gpu) / "search_budget.csv"
-    if path.exists():
-        df = pd.read_csv(path, dtype=AS_TEXT)
-        r = df.iloc[0]
-        lines += [f"### Is the default budget enough? ({_provenance(df)})", "",
-                  f"`python -m experiments.search_budget -- --workers 10`: `--workload mnist-mlp` (fp32, H = 1024, "
-                  f"both twins) at the default {int(r.default_trials)} configs per study took {r.default_wall_s:.0f} s; "
-                  f"resumed to {int(r.long_budget)} it took {r.long_wall_s:.0f} s more. The default's winner was within "
-                  f"3% of the long run's best (the two re-timed side by side where they differ) in "
-                  f"{int(df.within_3pct.sum())} of {len(df)} studies; the others: "
-                  + ", ".join(f"{x.op} {x.backend} {x.shape} {x.ratio:.3f}x" for x in df[~df.within_3pct].itertuples())
-                  + ".", ""]
-    return lines
-
-
-def accuracy_section() -> list[str]:
-    """The seed spread of test accuracy (experiments.accuracy_spread), from every device's CSV."""
-    from experiments import accuracy_spread
-
-    lines = []
-    for path in sorted(RESULTS.glob("*/accuracy_spread.csv")):
-        df = pd.read_csv(path, dtype=AS_TEXT)
-        table = accuracy_spread.summary(df).reset_index()
-        for col in ("mean", "sd", "min", "max"):
-            table[col] = table[col].map("{:.4f}".format)
-        lines += [f"### Test accuracy over seeds ({_provenance(df)})", "",
-                  "`python -m experiments.accuracy_spread --hidden H --seeds S`: the same protocol and backend, only "
-                  "the seed (initial weights, data order) changed from run to run. A twin's run at one seed differs "
-                  "from torch's by its roundings, at H = 128 about as much as one seed from another "
-                  "(experiments/FINDINGS.md, \"Accuracy and seeds\").", "", _table(table), ""]
-    return lines
-
-
-def render(gpu: str, target: str) -> str:
-    lines = (kernels_section(gpu) + wgmma_section(gpu) + tuning_section(gpu, target) + search_section(gpu)
-             + gemms_section(gpu) + compare_section(gpu) + accuracy_section())
-    if not lines:
-        lines = ["No results yet: run the experiments on a GPU (see above)."]
+def render(gpu: str) -> str:
+    """The section, from experiments/results/<gpu>/headline/; raises NotOneRun if that is not one run."""
+    folder = results_dir(gpu) / "headline"
+    read = lambda name: pd.read_csv(folder / name, dtype=AS_TEXT) if (folder / name).exists() else None  # noqa: E731
+    frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", "trainer_fp32.csv",
+                                              "compare_fp16.csv", "tuning.csv", "stages.csv")}
+    found = {name: df for name, df in frames.items() if df is not None and len(df)}
+    if "stages.csv" not in found:
+        return "\n".join([BEGIN, "", "No results yet: run `python -m experiments.headline` on a GPU.", "", END])
+    commits = {str(c) for df in found.values() for c in df["commit"].dropna().unique()}
+    if len(commits) > 1:
+        raise NotOneRun(f"the headline CSVs in {folder} mix commits: {', '.join(sorted(commits))}")
+    commit = commits.pop()
+    prov = next(df for df in found.values() if "device" in df).iloc[0]
+    stack = ", ".join(f"{name} {prov[col]}" for name, col in (("torch", "torch"), ("triton", "triton"),
+                                                               ("cupy", "cupy"), ("CUDA", "cuda")) if pd.notna(prov.get(col)))
+    stages = found["stages.csv"]
+    lines = [f"One run of `python -m experiments.headline` ({stages.seconds.sum() / 60:.1f} min): {prov['device']}, "
+             f"{str(prov['utc'])[:10]}, {stack}, commit {commit}, config store `{stages.config_store.iloc[0]}`. "
+             "Earlier runs, and why each number is what it is, are in `experiments/FINDINGS.md`.", ""]
+    if "kernels.csv" in found:
+        lines += kernels_section(found["kernels.csv"], commit)
+        if (folder / "roofline.png").exists():
+            lines += [f"![kernels against the measured ceilings]({(folder / 'roofline.png').relative_to(README.parent)})", ""]
+    if "trainer_gemms.csv" in found:
+        lines += gemms_section(found["trainer_gemms.csv"], commit)
+    for name in ("trainer_fp32.csv", "compare_fp16.csv"):
+        if name in found:
+            lines += steps_section(load_compare(folder / name), commit, folder)
+    if "tuning.csv" in found:
+        lines += tuning_section(found["tuning.csv"], commit)
     return "\n".join([BEGIN, "", *lines, END])
+
+
+def figures(folder: Path) -> pd.DataFrame:
+    """Every figure of a headline folder with the spread it reports: (figure, median, lo, hi)."""
+    parts = []
+    kernels = pd.read_csv(folder / "kernels.csv", dtype=AS_TEXT)
+    kernels = kernels[kernels.status == "ok"]
+    for group, value in (("elementwise", "gbps"), ("gemm", "time_ms")):
+        t = _rounds(kernels[kernels.group == group], ["op", "dtype", "shape", "backend", "config_label"], value)
+        parts.append(pd.DataFrame({"figure": [f"{group} {value} " + " ".join(map(str, k)) for k in
+                                              zip(t.op, t.dtype, t["shape"], t.backend, t.config_label)],
+                                   "median": t["median"], "lo": t.lo, "hi": t.hi}))
+    gemms = pd.read_csv(folder / "trainer_gemms.csv", dtype=AS_TEXT)
+    t = _rounds(gemms[gemms.status == "ok"], ["dtype", "shape", "backend", "config_label"], "graph_ms")
+    parts.append(pd.DataFrame({"figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
+                                          zip(t.dtype, t["shape"], t.backend, t.config_label)],
+                               "median": t["median"], "lo": t.lo, "hi": t.hi}))
+    for name in ("trainer_fp32.csv", "compare_fp16.csv"):
+        df = pd.read_csv(folder / name, dtype=AS_TEXT)
+        parts.append(pd.DataFrame({"figure": [f"step_us {p} H={h} {v}" for p, h, v in zip(df.protocol, df.hidden, df.variant)],
+                                   "median": df.median_step_us, "lo": df.p20_step_us, "hi": df.p80_step_us}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def rerun(first: Path, second: Path) -> pd.DataFrame:
+    """Each figure of two headline runs, and whether the second's median lies within the spread the
+    first reports for it."""
+    a, b = figures(first), figures(second)
+    both = a.merge(b[["figure", "median"]], on="figure", suffixes=("", "_second"))
+    both["moved"] = both.median_second / both["median"] - 1
+    both["within_spread"] = (both.median_second >= both.lo) & (both.median_second <= both.hi)
+    return both
+
+
+def _spliced(gpu: str) -> tuple[str, str]:
+    """(the README as it is, the README with its section regenerated)."""
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md lacks the markers {BEGIN} ... {END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return text, head + render(gpu) + tail
+
+
+def write_readme(gpu: str) -> None:
+    README.write_text(_spliced(gpu)[1])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", default="h200")
-    ap.add_argument("--target", default="sm_90")
-    ap.add_argument("--check", action="store_true", help="exit 1 if the README section is stale")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if the section is stale, or the run's CSVs mix commits or repeat a row")
+    ap.add_argument("--rerun", type=Path, metavar="FOLDER",
+                    help="compare another headline run's folder with this GPU's: writes headline_rerun.csv beside it")
     args = ap.parse_args(argv)
-    text = README.read_text()
-    if BEGIN not in text or END not in text:
-        print(f"README.md lacks the markers {BEGIN} ... {END}", file=sys.stderr)
-        return 2
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = head + render(args.gpu, args.target) + tail
+    if args.rerun:
+        table = rerun(results_dir(args.gpu) / "headline", args.rerun)
+        out = results_dir(args.gpu) / "headline_rerun.csv"
+        table.to_csv(out, index=False)
+        print(f"{int(table.within_spread.sum())} of {len(table)} figures of {args.rerun} lie within the spread this "
+              f"run reports; the largest moves:\n"
+              + table.reindex(table.moved.abs().sort_values(ascending=False).index).head(8).to_string(index=False))
+        print(f"wrote {out}")
+        return 0
+    try:
+        text, new = _spliced(args.gpu)
+    except NotOneRun as exc:
+        print(f"experiments.report: {exc}", file=sys.stderr)
+        return 1
     if args.check:
-        return 0 if new == text else 1
+        if new != text:
+            print("experiments.report: the README's results section is stale: run python -m experiments.report",
+                  file=sys.stderr)
+            return 1
+        return 0
     README.write_text(new)
     print("README results section regenerated")
     return 0

@@ -44,7 +44,7 @@ PROTOCOLS = {
                         widths=(128, 1024, 4096)),
     # The seed project's protocol: a deeper net, small batches, plain SGD in fp16.
     "seed": Protocol(dtype="fp16", batch_size=32, layers=3, lr=0.003, momentum=0.0, hidden=1024,
-                     widths=(128, 1024, 4096, 8192), steps=5000),
+                     widths=(128, 256, 512, 1024, 2048, 4096, 8192), steps=5000),
 }
 DEFAULT = PROTOCOLS["default"]
 

@@ -1,0 +1,156 @@
+"""experiments.headline's plan and the README section experiments.report draws from one headline run
+(CPU: the run's CSVs are written here with planted figures; measuring them needs the H200)."""
+import pandas as pd
+import pytest
+
+from experiments import compare, headline, report
+from kernels_core.mlp import PROTOCOLS
+
+PROV = dict(device="NVIDIA H200", utc="2026-12-04T00:00:00Z", torch="2.11", triton="3.6", cupy="14.2", cuda="13.0",
+            commit="abc1234")
+
+
+def _write(folder, name, rows):
+    pd.DataFrame([{**PROV, **r} for r in rows]).to_csv(folder / name, index=False)
+
+
+def fake_run(folder, cublas_ms=2.0, twin_ms=(1.0, 4.0), steps=None):
+    """A headline folder as a default-mode run leaves it: two rounds of each kernel case."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kernels = [dict(group="ceiling", op="copy", backend="torch", status="ok", gbps=4000.0)]
+    for rep, wobble in ((0, 1.0), (1, 1.1)):
+        kernels.append(dict(group="elementwise", op="relu", backend="cuda", dtype="fp32", shape="65536x4096",
+                            config_label="default", status="ok", gbps=3600.0 * wobble, rep=rep))
+        for backend, label, ms in (("torch", "cuBLAS/aten", cublas_ms), ("cuda", "default", twin_ms[0]),
+                                   ("cuda", "tuned", twin_ms[1])):
+            kernels.append(dict(group="gemm", op="matmul", backend=backend, dtype="fp16", shape="4096x4096x4096:nn",
+                                config_label=label, status="ok", time_ms=ms * wobble, vs_torch=cublas_ms / ms, rep=rep))
+    _write(folder, "kernels.csv", kernels)
+    gemms = [dict(group="trainer", backend=b, dtype="fp32", shape="128x1024x784:nn", config_label=label, status="ok",
+                  graph_ms=ms / 1e3 * wobble, rep=rep)
+             for rep, wobble in ((0, 1.0), (1, 3.0))
+             for b, label, ms in (("torch", "cuBLAS/aten", 24.0), ("cuda", "tuned", 12.0), ("triton", "tuned", 8.0))]
+    _write(folder, "trainer_gemms.csv", gemms)
+    for protocol in ("default", "seed"):
+        p = PROTOCOLS[protocol]
+        rows = steps or [dict(variant=v, backend=v.split("-")[0], hidden=h, median_step_us=us, p20_step_us=us - 1,
+                              p80_step_us=us + 2, run_length="500 steps")
+                         for h in (128, 256) for v, us in (("torch-eager", 400.0), ("torch-compile-graph", 90.0),
+                                                           ("cuda-tuned", 45.0), ("triton-tuned", 60.0))]
+        _write(folder, f"{headline.stem(protocol)}.csv",
+               [dict(r, protocol=protocol, dtype=p.dtype, layers=p.layers) for r in rows])
+    _write(folder, "tuning.csv", [dict(command="python -m autotune.search ... --out DIR", studies=20, trials=80,
+                                       ok_trials=70, wall_s=50.0, trials_per_s=1.6)])
+    _write(folder, "stages.csv", [dict(stage="kernels", seconds=60.0, status="ok", config_store="store.json"),
+                                  dict(stage="steps", seconds=240.0, status="ok", config_store="store.json")])
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "results_dir", lambda gpu: tmp_path / gpu)
+    return tmp_path / "gpu" / "headline"
+
+
+def test_the_section_shows_one_run_and_names_its_commit_once_per_table(results):
+    fake_run(results)
+    text = report.render("gpu")
+    assert "(5.0 min): NVIDIA H200, 2026-12-04" in text and "config store `store.json`" in text
+    titles = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(titles) == 5 and all(t.endswith("(commit abc1234)") for t in titles)
+    # Kernels: medians of the rounds and their range; the ratio to the copy and to cuBLAS of each round.
+    assert "| relu | cuda | default | 3780 (3600–3960) | 94.5 |" in text
+    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 |" in text
+    assert "| 4096³ fp16 | torch | cuBLAS | 2.100 (2.000–2.200) | 65 | 1.00 |" in text
+    # The trainer's GEMMs: the median time over rounds, cuBLAS's over the twin's.
+    assert "| fp32 | cuda | tuned | 1 | 2.00× | 2.00× | 2.00× |" in text
+    assert "| fp32 | 128x1024x784:nn | 48.0 | 24.0 (2.00×) | 16.0 (3.00×) |" in text
+    # Steps: median (p20-p80), the max-autotune variants marked where not measured.
+    assert "| cuda-tuned | 45.0 (44.0–47.0) | 45.0 (44.0–47.0) |" in text
+    assert "| torch-compile-max-graph | `--full` | `--full` |" in text
+    assert "| 128 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 |" in text
+    assert "| 256 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 | ~5.2× |" in text
+    assert "80 trials (70 valid) in 20 studies, 50 s of wall time, 1.60 trials per second" in text
+
+
+def test_a_section_mixing_commits_or_repeating_a_row_is_refused(results):
+    fake_run(results)
+    gemms = pd.read_csv(results / "trainer_gemms.csv")
+    gemms.loc[0, "commit"] = "def5678"
+    gemms.to_csv(results / "trainer_gemms.csv", index=False)
+    with pytest.raises(report.NotOneRun, match="mix commits: abc1234, def5678"):
+        report.render("gpu")
+
+    fake_run(results)
+    steps = pd.read_csv(results / "compare_fp16.csv")
+    pd.concat([steps, steps.iloc[[2]]]).to_csv(results / "compare_fp16.csv", index=False)
+    with pytest.raises(report.NotOneRun, match="step-time table repeats a row: variant=cuda-tuned, hidden=128"):
+        report.render("gpu")
+
+    fake_run(results)
+    kernels = pd.read_csv(results / "kernels.csv")
+    pd.concat([kernels, kernels.iloc[[3]]]).to_csv(results / "kernels.csv", index=False)
+    with pytest.raises(report.NotOneRun, match="a round repeats a row"):
+        report.render("gpu")
+
+
+def test_check_fails_on_a_stale_section_and_on_mixed_commits(results, tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    monkeypatch.setattr(report, "README", readme)
+    fake_run(results)
+    readme.write_text(f"intro\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+    assert report.main(["--gpu", "gpu", "--check"]) == 1
+    assert report.main(["--gpu", "gpu"]) == 0 and report.main(["--gpu", "gpu", "--check"]) == 0
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("tail\n")
+    fake_run(results, cublas_ms=3.0)  # a new run moves a figure: the committed section is stale
+    assert report.main(["--gpu", "gpu", "--check"]) == 1
+    tuning = pd.read_csv(results / "tuning.csv")
+    tuning["commit"] = "def5678"
+    tuning.to_csv(results / "tuning.csv", index=False)
+    assert report.main(["--gpu", "gpu"]) == 1 and "def5678" not in readme.read_text()
+
+
+def test_default_plan_measures_every_protocol_width_and_marks_max_autotune(tmp_path):
+    p = headline.plan("default", "gpu")
+    assert p.widths == {name: proto.widths for name, proto in PROTOCOLS.items()}
+    assert p.widths["seed"] == (128, 256, 512, 1024, 2048, 4096, 8192) and p.readme
+    assert all(set(p.step_variants(name, h)) == {*headline.TORCH_VARIANTS, *headline.TWIN_VARIANTS}
+               for name in PROTOCOLS for h in p.widths[name])
+    full = headline.plan("full", "gpu")
+    assert all("torch-max-autotune" in full.step_variants(name, h) for name in PROTOCOLS for h in full.widths[name])
+    quick = headline.plan("quick", "gpu")
+    assert not quick.readme and quick.rounds == 1 and "runs" in quick.folder.parts
+    assert all(w == (128, 1024) for w in quick.widths.values())
+
+
+def test_the_compile_stage_builds_what_the_timed_stages_run_and_nothing_else(tmp_path, monkeypatch):
+    import trainer.config
+
+    monkeypatch.setattr(trainer.config, "_has_gpu", lambda: True)  # the graphed variants' configs need one
+    p = headline.plan("quick", "gpu")
+    from experiments import bench_kernels
+
+    cases = bench_kernels.gemm_cases([("fp32", 256)])
+    jobs = headline.warm_jobs(p, tmp_path / "store.json", cases)
+    gemm_jobs = [j for j in jobs if j[0] is headline._warm_gemm]
+    assert [(j[2], j[3]) for j in gemm_jobs] == [("cuda", None), ("triton", None)]
+    trains = [j[1] for j in jobs if j[0] is headline._warm_train]
+    built = {(c.backend, c.compile, c.hidden, c.dtype) for c in trains}
+    for protocol, proto in PROTOCOLS.items():
+        for h in (128, 1024):
+            for variant in p.step_variants(protocol, h):
+                spec = compare.VARIANTS[variant]
+                want = (spec["backend"], spec.get("compile"), h, proto.dtype)
+                assert (want in built) == (spec["backend"] != "torch" or "compile" in spec), variant
+    assert all(c.tuned_configs == str(tmp_path / "store.json") for c in trains if c.backend != "torch")
+    assert len(trains) == len(built)
+
+
+def test_a_rerun_is_judged_figure_by_figure_against_the_first_runs_spread(tmp_path):
+    fake_run(tmp_path / "first")
+    fake_run(tmp_path / "second", twin_ms=(1.02, 4.0))  # cuda's default 4096^3 moves 2%: its rounds span 10%
+    table = report.rerun(tmp_path / "first", tmp_path / "second").set_index("figure")
+    assert table.within_spread.all() and len(table) == 1 + 3 + 3 + 16
+    assert table.loc["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default", "moved"] == pytest.approx(0.02)
+    fake_run(tmp_path / "second", twin_ms=(1.2, 4.0))
+    table = report.rerun(tmp_path / "first", tmp_path / "second").set_index("figure")
+    assert list(table.index[~table.within_spread]) == ["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default"]
