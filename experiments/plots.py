@@ -35,6 +35,12 @@ from kernels_core.provenance import AS_TEXT  # noqa: E402
 
 
 
+def step_time_name(protocol: str, length: str) -> str:
+    """The step-time plot of a protocol's runs of one length (a step-time-only run's is named for it)."""
+    own = compare.protocol_length(protocol)
+    return f"step_time_{protocol}{'' if length == own else '_' + length.replace(' ', '')}.png"
+
+
 def step_time(folder: Path) -> list[Path]:
     """From the compare CSVs in `folder`, into it (experiments.headline draws its own run's)."""
     made = []
@@ -45,7 +51,6 @@ def step_time(folder: Path) -> list[Path]:
         dtype, protocol = df.dtype.iloc[0], df.protocol.iloc[0]
         p = PROTOCOLS[protocol]
         net = "-".join(["784", *["H"] * p.layers, "10"])
-        own = compare.protocol_length(protocol)
         for length, run in df.groupby("run_length", sort=False):
             run = latest(run, ["variant", "hidden"])
             fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(7, 9), sharex=True, height_ratios=(2, 1, 1))
@@ -67,8 +72,7 @@ def step_time(folder: Path) -> list[Path]:
                 ax.grid(True, which="both", alpha=0.3)
             for ax in (mid, bottom):
                 ax.axhline(1.0, color="grey", lw=0.8)
-            suffix = "" if length == own else "_" + length.replace(" ", "")
-            made.append(save(fig, folder, f"step_time_{protocol}{suffix}.png"))
+            made.append(save(fig, folder, step_time_name(protocol, length)))
     return made
 
 

@@ -85,7 +85,7 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
     ew = ok[ok.group == "elementwise"]
     copy = ok[ok.group == "ceiling"].gbps.iloc[0]
     ew = _rounds(ew, ["op", "backend", "config_label"], "gbps")
-    ew_t = pd.DataFrame({"op": ew.op, "backend": ew.backend, "config": ew.config_label,
+    ew_t = pd.DataFrame({"op": ew.op, "backend": ew.backend, "config": ew.config_label.str.replace("cuBLAS/", ""),
                          "GB/s (range of rounds)": [f"{m:.0f} ({lo:.0f}–{hi:.0f})" for m, lo, hi in
                                                     zip(ew["median"], ew.lo, ew.hi)],
                          "% of copy": (100 * ew["median"] / copy).map("{:.1f}".format)})
@@ -179,7 +179,9 @@ def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
         speed["seed project, CUDA vs eager (RTX 3060)"] = speed.H.map(lambda h: f"~{SEED_PROJECT[h]}×" if h in SEED_PROJECT else "")
     lines += ["Each twin on its tuned configs against the fastest torch variant at that width and against torch "
               "eager:", "", _table(speed), ""]
-    plot = folder / f"step_time_{protocol}.png"
+    from experiments.plots import step_time_name
+
+    plot = folder / step_time_name(protocol, df.run_length.iloc[0])
     if plot.exists():
         lines += [f"![step time vs H, {protocol} protocol]({plot.relative_to(README.parent)})", ""]
     return lines
@@ -250,11 +252,13 @@ def figures(folder: Path) -> pd.DataFrame:
 
 def rerun(first: Path, second: Path) -> pd.DataFrame:
     """Each figure of two headline runs, and whether the second's median lies within the spread the
-    first reports for it."""
+    first reports for it: as far from the first's median as the farther end of its range."""
     a, b = figures(first), figures(second)
     both = a.merge(b[["figure", "median"]], on="figure", suffixes=("", "_second"))
     both["moved"] = both.median_second / both["median"] - 1
-    both["within_spread"] = (both.median_second >= both.lo) & (both.median_second <= both.hi)
+    # The spread as a band either side of the median: a step time's percentiles lie unevenly about it.
+    both["spread"] = pd.concat([both.hi / both["median"] - 1, 1 - both.lo / both["median"]], axis=1).max(axis=1)
+    both["within_spread"] = both.moved.abs() <= both.spread
     return both
 
 
