@@ -288,7 +288,15 @@ class Search:
                 shipped = load_store(self.incumbents.path, self.target).entries[
                     (job.call.op, job.backend, job.call.dtype, job.call.key)]
                 merge_into_store(self.best_path, self.target, [shipped], lock=self._lock_path())
-        if best is not None and not kept:
+        default_ms, default = baselines.get("default_ms"), job.space.default_for(self.target.arch)
+        # An entry slower than the default config would make its callers slower than no entry does;
+        # the default config itself, timed as a trial, is written (two timings of it differ by noise).
+        lost = best is not None and not kept and default_ms is not None \
+            and best.user_attrs["row"]["time_ms"] > default_ms and {**default, **best.user_attrs["config"]} != default
+        if lost:
+            summary["note"] = (f"no entry: the default config ({default_ms:.4g} ms) beat the study's best "
+                               f"({best.user_attrs['row']['time_ms']:.4g} ms)")
+        if best is not None and not kept and not lost:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                      "config": best.user_attrs["config"], "trials": measured, "failures": failures,

@@ -3,7 +3,7 @@
 Select it with AUTOTUNE_BACKENDS=fake=tests.fake_backend and --backends fake.
 relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
 3 hang, 4 process crash. matmul is correct for every config and is fastest
-at BLOCK_M=32, BLOCK_N=64, SPLIT=1, so a search has something to find. FAKE_COMPILE_S
+at BLOCK_M=32, BLOCK_N=64, SPLIT=1 (FAKE_BEST=M,N,SPLIT moves it), so a search has something to find. FAKE_COMPILE_S
 makes each config's first call slow, like a real compile; FAKE_LOST_GPU=1 makes
 every call kill its process, as every launch does on a GPU that fell off the bus.
 """
@@ -83,7 +83,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     # A config-dependent cost, so the search has a best config to find: the best sleeps not at all,
     # every other config 2 ms or more a call, far above the scheduling noise of a loaded 2-core CI
     # machine (a 0.1 ms step once let a 0.2 ms config beat the 0.1 ms best in a median of five).
-    time.sleep(2e-3 * (abs(cfg["BLOCK_M"] - 32) / 16 + abs(cfg["BLOCK_N"] - 64) / 16 + cfg["SPLIT"] - 1))
+    m, n, split = (int(v) for v in os.environ.get("FAKE_BEST", "32,64,1").split(","))
+    time.sleep(2e-3 * (abs(cfg["BLOCK_M"] - m) / 16 + abs(cfg["BLOCK_N"] - n) / 16 + abs(cfg["SPLIT"] - split)))
     y = reference.native.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b,
                                 a_rows=a_rows, relu_grad_of=relu_grad_of)
     return y.to(a.dtype)

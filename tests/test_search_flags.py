@@ -41,8 +41,14 @@ def pool(monkeypatch, answer) -> None:
                         lambda self, index, call, backend, config, seed: answer(call, backend, config))
 
 
+FAKE_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": 1}  # the fake matmul's default config
+
+
 def timed(rand: random.Random):
-    return lambda call, backend, config: {"status": "ok", "time_ms": 0.5 + rand.random(), "gpu": None}
+    """Random times, the default config's the slowest: a study's best beats it, so a finished study
+    writes an entry (the tuner writes none slower than the default)."""
+    return lambda call, backend, config: {"status": "ok", "time_ms": (2.0 if config == FAKE_DEFAULT else 0.5)
+                                          + rand.random(), "gpu": None}
 
 
 def run(tmp_path: Path, *args: str) -> int:
@@ -206,7 +212,7 @@ def test_a_search_that_timed_nothing_exits_1(tmp_path, capsys, monkeypatch, stat
 
 def test_one_config_timed_is_a_search_that_succeeded(tmp_path, capsys, monkeypatch, rand):
     answers = [failing("timeout"), timed(rand)]
-    pool(monkeypatch, lambda call, backend, config: answers[config == {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": 1}](
+    pool(monkeypatch, lambda call, backend, config: answers[config == FAKE_DEFAULT](
         call, backend, config))
     assert run(tmp_path, *FAKE_MATMUL, "--shapes", "8x16x8", "--sampler", "grid", "--trials", "30",
                "--max-failures-in-a-row", "100") == 0
