@@ -25,11 +25,11 @@ The kernel and GEMM stages run every case `ROUNDS` times in turn: a table shows 
 rounds and their range, the spread a second run should stay within; a step time shows its median
 step and the 20th-80th percentiles of its steps.
 
-Modes (about 8 minutes on the H200 with the shipped store, caches cold):
+Modes (the default about 5 minutes on the H200 with the shipped store, caches cold):
   default  every protocol width, every torch variant but the two max-autotune ones (~35 s of
            autotuning per GEMM shape), whose rows the README marks "--full"
   --full   the max-autotune variants too, at every width (about an hour more)
-  --quick  under 3 minutes: H = 128 and 1024, 4096^3 only, one round, no max-autotune; writes
+  --quick  H = 128 and 1024, 4096^3 only, one round (2 minutes with caches warm); writes
            experiments/runs/headline-quick/ and leaves the README as it is
 
 Writes experiments/results/<gpu>/headline/: kernels.csv, trainer_gemms.csv, trainer_fp32.csv,
@@ -258,7 +258,7 @@ def summary(p: Plan, stages: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="under 3 minutes, README untouched")
+    mode.add_argument("--quick", action="store_true", help="two widths, one round; the README untouched")
     mode.add_argument("--full", action="store_true", help="the max-autotune torch variants at every width too")
     ap.add_argument("--tuned-configs", default=None,
                     help="tuned store (default experiments/<target>/best.json, else the one shipped for this GPU)")

@@ -239,7 +239,8 @@ def figures(folder: Path) -> pd.DataFrame:
                                               zip(t.op, t.dtype, t["shape"], t.backend, t.config_label)],
                                    "median": t["median"], "lo": t.lo, "hi": t.hi}))
     gemms = pd.read_csv(folder / "trainer_gemms.csv", dtype=AS_TEXT)
-    t = _rounds(gemms[gemms.status == "ok"], ["dtype", "shape", "backend", "config_label"], "graph_ms")
+    t = _rounds(gemms[(gemms.group == "trainer") & (gemms.status == "ok")], ["dtype", "shape", "backend", "config_label"],
+                "graph_ms")
     parts.append(pd.DataFrame({"figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
                                           zip(t.dtype, t["shape"], t.backend, t.config_label)],
                                "median": t["median"], "lo": t.lo, "hi": t.hi}))
@@ -259,6 +260,8 @@ def rerun(first: Path, second: Path) -> pd.DataFrame:
     # The spread as a band either side of the median: a step time's percentiles lie unevenly about it.
     both["spread"] = pd.concat([both.hi / both["median"] - 1, 1 - both.lo / both["median"]], axis=1).max(axis=1)
     both["within_spread"] = both.moved.abs() <= both.spread
+    for column, folder in (("commit", first), ("commit_second", second)):
+        both[column] = pd.read_csv(folder / "stages.csv", dtype=AS_TEXT).commit.iloc[0]
     return both
 
 

@@ -26,7 +26,7 @@ def fake_run(folder, cublas_ms=2.0, twin_ms=(1.0, 4.0), steps=None):
             kernels.append(dict(group="gemm", op="matmul", backend=backend, dtype="fp16", shape="4096x4096x4096:nn",
                                 config_label=label, status="ok", time_ms=ms * wobble, vs_torch=cublas_ms / ms, rep=rep))
     _write(folder, "kernels.csv", kernels)
-    gemms = [dict(group="trainer", backend=b, dtype="fp32", shape="128x1024x784:nn", config_label=label, status="ok",
+    gemms = [dict(group="ceiling", op="copy", backend="torch", status="ok", gbps=4000.0)] + [dict(group="trainer", backend=b, dtype="fp32", shape="128x1024x784:nn", config_label=label, status="ok",
                   graph_ms=ms / 1e3 * wobble, rep=rep)
              for rep, wobble in ((0, 1.0), (1, 3.0))
              for b, label, ms in (("torch", "cuBLAS/aten", 24.0), ("cuda", "tuned", 12.0), ("triton", "tuned", 8.0))]
