@@ -1,6 +1,6 @@
 """Every figure of the README's results section, measured in one run at the checkout's commit.
 
-    python -m experiments.headline [--quick | --full] [--tuned-configs STORE]
+    python -m experiments.headline [--quick | --full] [--resume] [--tuned-configs STORE]
     make bench                                     # the same, default mode
 
 On a GPU, in this order (a progress bar per stage, a summary at the end):
@@ -28,9 +28,13 @@ step and the 20th-80th percentiles of its steps.
 Modes (the default about 5 minutes on the H200 with the shipped store, caches cold):
   default  every protocol width, every torch variant but the two max-autotune ones (~35 s of
            autotuning per GEMM shape), whose rows the README marks "--full"
-  --full   the max-autotune variants too, at every width (about an hour more)
+  --full   the max-autotune variants too, at every width (tens of minutes more)
   --quick  H = 128 and 1024, 4096^3 only, one round (2 minutes with caches warm); writes
            experiments/runs/headline-quick/ and leaves the README as it is
+`--resume` goes on with the run its folder holds, at the same commit and store, instead of starting afresh:
+the stages it records as done are kept, and the training step measures only the runs its CSVs lack. So a
+run stopped by a time limit finishes in a later call, and `--full --resume` after a default run adds the
+max-autotune variants alone. Its stage times are the sums over the calls that ran them.
 
 Writes experiments/results/<gpu>/headline/: kernels.csv, trainer_gemms.csv, trainer_fp32.csv,
 compare_fp16.csv, tuning.csv, stages.csv (each stage's wall time), step_time_<protocol>.png and
@@ -92,6 +96,20 @@ def plan(mode: str, gpu: str) -> Plan:
         return Plan({name: (128, 1024) for name in PROTOCOLS}, False, SQUARE[:3], 1, 2,
                     RESULTS.parent / "runs" / "headline-quick", readme=False)
     return Plan(widths, mode == "full", SQUARE, ROUNDS, 4, results_dir(gpu) / "headline", readme=True)
+
+
+def resumable(folder: Path, commit: str, store: str) -> dict[str, dict]:
+    """The stages a run in `folder` finished ok, by name, for --resume; a run at another commit or on
+    another store is not resumed (its figures would mix)."""
+    path = folder / "stages.csv"
+    if not path.exists():
+        return {}
+    rows = pd.read_csv(path, dtype={"commit": str}).to_dict("records")
+    for row in rows:
+        if (row["commit"], row["config_store"]) != (commit, store):
+            raise ValueError(f"{folder} holds a run at commit {row['commit']} on {row['config_store']}, not "
+                             f"{commit} on {store}: run without --resume to start afresh")
+    return {row["stage"]: row for row in rows if str(row["status"]).startswith("ok")}
 
 
 def stem(protocol: str) -> str:
@@ -260,6 +278,8 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="two widths, one round; the README untouched")
     mode.add_argument("--full", action="store_true", help="the max-autotune torch variants at every width too")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on with the run the folder holds (same commit and store) instead of starting afresh")
     ap.add_argument("--tuned-configs", default=None,
                     help="tuned store (default experiments/<target>/best.json, else the one shipped for this GPU)")
     args = ap.parse_args(argv)
@@ -286,15 +306,19 @@ def main(argv=None) -> int:
     store = load_store(store_path, target_name("auto")) if store_path else None
     store_name = str(store_path.resolve().relative_to(Path.cwd())) if store_path and store_path.resolve().is_relative_to(
         Path.cwd()) else str(store_path or "none: default configs")
-    if p.folder.exists():
-        shutil.rmtree(p.folder)  # a run's folder holds that run alone
-    p.folder.mkdir(parents=True)
-    LOG.parent.mkdir(parents=True, exist_ok=True)
     commit = provenance()["commit"]
+    try:
+        prior = resumable(p.folder, commit, store_name) if args.resume else {}
+    except ValueError as exc:
+        ap.error(str(exc))
+    if p.folder.exists() and not args.resume:
+        shutil.rmtree(p.folder)  # a run's folder holds that run alone
+    p.folder.mkdir(parents=True, exist_ok=True)
+    LOG.parent.mkdir(parents=True, exist_ok=True)
     print(f"headline, {'quick' if args.quick else 'full' if args.full else 'default'} mode, commit {commit}, "
           f"writing {p.folder}")
 
-    with LOG.open("w") as log_file:
+    with LOG.open("a" if args.resume else "w") as log_file:
         def log(text: str) -> None:
             log_file.write(text.rstrip("\n") + "\n")
             log_file.flush()
@@ -310,16 +334,21 @@ def main(argv=None) -> int:
         ]
         done = []
         for name, run in stages:
-            start = time.perf_counter()
-            try:
-                with contextlib.redirect_stdout(log_file):  # the trainer's and tuner's lines; bars are on stderr
-                    result = run()
-                status = f"ok ({result} warm-up jobs failed)" if name == "compile" and result else "ok"
-            except Exception as exc:  # one stage failing must not cost the others' figures
-                status = f"FAILED: {type(exc).__name__}: {exc}"
-                log(status)
-            done.append({"stage": name, "seconds": time.perf_counter() - start, "status": status, "commit": commit,
-                         "config_store": store_name})
+            # Kept from the run resumed: every finished stage but the steps, which measure only the runs
+            # their CSVs lack (a --full resume adds the max-autotune ones).
+            if name in prior and name != "steps":
+                done.append(prior[name])
+            else:
+                start = time.perf_counter() - (prior[name]["seconds"] if name in prior else 0.0)
+                try:
+                    with contextlib.redirect_stdout(log_file):  # the trainer's and tuner's lines; bars on stderr
+                        result = run()
+                    status = f"ok ({result} warm-up jobs failed)" if name == "compile" and result else "ok"
+                except Exception as exc:  # one stage failing must not cost the others' figures
+                    status = f"FAILED: {type(exc).__name__}: {exc}"
+                    log(status)
+                done.append({"stage": name, "seconds": time.perf_counter() - start, "status": status,
+                             "commit": commit, "config_store": store_name})
             pd.DataFrame(done).to_csv(p.folder / "stages.csv", index=False)
         failed = [s for s in done if not s["status"].startswith("ok")]
         if failed and p.readme:

@@ -1,5 +1,7 @@
 """experiments.headline's plan and the README section experiments.report draws from one headline run
 (CPU: the run's CSVs are written here with planted figures; measuring them needs the H200)."""
+import time
+
 import pandas as pd
 import pytest
 
@@ -154,3 +156,62 @@ def test_a_rerun_is_judged_figure_by_figure_against_the_first_runs_spread(tmp_pa
     fake_run(tmp_path / "second", twin_ms=(1.2, 4.0))
     table = report.rerun(tmp_path / "first", tmp_path / "second").set_index("figure")
     assert list(table.index[~table.within_spread]) == ["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default"]
+
+
+def test_resume_keeps_a_finished_runs_stages_and_refuses_another_commits(tmp_path):
+    assert headline.resumable(tmp_path, "abc1234", "store.json") == {}
+    pd.DataFrame([dict(stage="compile", seconds=30.0, status="ok", commit="abc1234", config_store="store.json"),
+                  dict(stage="kernels", seconds=20.0, status="FAILED: RuntimeError: x", commit="abc1234",
+                       config_store="store.json")]).to_csv(tmp_path / "stages.csv", index=False)
+    kept = headline.resumable(tmp_path, "abc1234", "store.json")
+    assert list(kept) == ["compile"] and kept["compile"]["seconds"] == 30.0  # a failed stage runs again
+    with pytest.raises(ValueError, match="holds a run at commit abc1234 on store.json, not def5678 on store.json"):
+        headline.resumable(tmp_path, "def5678", "store.json")
+    with pytest.raises(ValueError, match="not abc1234 on other.json"):
+        headline.resumable(tmp_path, "abc1234", "other.json")
+
+
+def test_a_stopped_run_resumes_where_it_stopped_and_a_failed_stage_keeps_the_readme(tmp_path, monkeypatch):
+    """The run's order on the CPU, every stage a stub: a failing stage is recorded and leaves the README
+    alone; --resume runs again only what did not finish, the training step always (it skips the runs
+    its CSVs hold), and adds the times."""
+    import kernels_core.provenance
+    import kernels_core.store
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernels_core.store, "local_gpu", lambda: None)  # no GPU to name: no store
+    monkeypatch.setattr(kernels_core.provenance, "provenance", lambda: {"commit": "abc1234"})
+    monkeypatch.setattr(headline, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(headline, "LOG", tmp_path / "headline.log")
+    monkeypatch.setattr(headline, "warm_jobs", lambda *args: [])
+    ran, fail = [], {"gemms"}
+
+    def stub(name):
+        def stage(*args):
+            ran.append(name)
+            time.sleep(0.05)
+            if name in fail:
+                raise RuntimeError(f"{name} broke")
+            return 0
+        return stage
+
+    for name in ("compile", "kernels", "gemms", "steps", "tuning"):
+        monkeypatch.setattr(headline, f"{name}_stage", stub(name))
+    reports = []
+    monkeypatch.setattr(headline, "report_stage", lambda p, gpu, log: reports.append(p.readme))
+    monkeypatch.setattr(headline, "summary", lambda p, done: "")
+    assert headline.main(["--quick"]) == 1
+    assert ran == ["compile", "kernels", "gemms", "steps", "tuning"] and reports == [False]
+    stages = pd.read_csv(tmp_path / "runs" / "headline-quick" / "stages.csv")
+    assert stages.status.tolist() == ["ok", "ok", "FAILED: RuntimeError: gemms broke", "ok", "ok"]
+    ran.clear()
+    fail.clear()
+    assert headline.main(["--quick", "--resume"]) == 0
+    assert ran == ["gemms", "steps"]
+    again = pd.read_csv(tmp_path / "runs" / "headline-quick" / "stages.csv")
+    assert again.status.tolist() == ["ok"] * 5 and again.stage.tolist() == stages.stage.tolist()
+    seconds = again.set_index("stage").seconds
+    assert seconds["steps"] >= 0.1 and seconds["gemms"] < 0.1  # the steps' two calls add up; gemms ran once ok
+    ran.clear()
+    assert headline.main(["--quick"]) == 0 and ran == ["compile", "kernels", "gemms", "steps", "tuning"]  # afresh
