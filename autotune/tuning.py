@@ -275,28 +275,32 @@ class Search:
                    "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
                    "invalid": counts["invalid"], "note": (runner.ended or baselines.get("default_problem", ""))[:80]}
+        key = (job.call.op, job.backend, job.call.dtype, job.call.key)
         kept = best is not None and baselines.get("incumbent_ms") is not None \
             and baselines["incumbent_ms"] <= best.user_attrs["row"]["time_ms"]
-        if kept:
-            t, default_ms, torch_ms = baselines["incumbent_ms"], baselines.get("default_ms"), baselines.get("torch_ms")
+        if best is not None:
+            winner_ms = baselines["incumbent_ms"] if kept else best.user_attrs["row"]["time_ms"]
+            winner = baselines["incumbent"] if kept else best.user_attrs["config"]
+        default_ms, default = baselines.get("default_ms"), job.space.default_for(self.target.arch)
+        # An entry slower than the default config makes its callers slower than no entry does; the
+        # default config itself, timed as a trial, may stand (two timings of it differ by noise).
+        lost = best is not None and default_ms is not None and winner_ms > default_ms \
+            and {**default, **winner} != default
+        if lost:
+            beaten = f"{self._incumbent_name()} entry" if kept else "the study's best"
+            summary["note"] = f"no entry: the default config ({default_ms:.4g} ms) beat {beaten} ({winner_ms:.4g} ms)"
+            merge_into_store(self.best_path, self.target, [], drop=[key], lock=self._lock_path())
+        elif kept:
+            t, torch_ms = baselines["incumbent_ms"], baselines.get("torch_ms")
             summary.update({"best config": _fmt_config(baselines["incumbent"]), "time_ms": t,
                             "vs default": default_ms / t if default_ms else None,
                             "vs torch": torch_ms / t if torch_ms else None,
                             "note": f"{self._incumbent_name()} entry kept: the study's best took "
                                     f"{best.user_attrs['row']['time_ms']:.4g} ms"})
             if self.incumbents.kind == "shipped":  # best.json, once written, replaces the shipped store whole
-                shipped = load_store(self.incumbents.path, self.target).entries[
-                    (job.call.op, job.backend, job.call.dtype, job.call.key)]
+                shipped = load_store(self.incumbents.path, self.target).entries[key]
                 merge_into_store(self.best_path, self.target, [shipped], lock=self._lock_path())
-        default_ms, default = baselines.get("default_ms"), job.space.default_for(self.target.arch)
-        # An entry slower than the default config would make its callers slower than no entry does;
-        # the default config itself, timed as a trial, is written (two timings of it differ by noise).
-        lost = best is not None and not kept and default_ms is not None \
-            and best.user_attrs["row"]["time_ms"] > default_ms and {**default, **best.user_attrs["config"]} != default
-        if lost:
-            summary["note"] = (f"no entry: the default config ({default_ms:.4g} ms) beat the study's best "
-                               f"({best.user_attrs['row']['time_ms']:.4g} ms)")
-        if best is not None and not kept and not lost:
+        elif best is not None:
             row = best.user_attrs["row"]
             entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                      "config": best.user_attrs["config"], "trials": measured, "failures": failures,
@@ -304,9 +308,9 @@ class Search:
                      # --study-prefix's study, say), and names that study and trial.
                      "study": row.get("study", name), "trial": row.get("trial", best.number),
                      "provenance": {k: row.get(k) for k in PROVENANCE}}
-            for key in ("time_ms", "time_p20_ms", "time_p80_ms", "default_ms", "torch_ms",
-                        "speedup_vs_default", "speedup_vs_torch"):
-                entry[key] = row.get(key)
+            for k in ("time_ms", "time_p20_ms", "time_p80_ms", "default_ms", "torch_ms",
+                      "speedup_vs_default", "speedup_vs_torch"):
+                entry[k] = row.get(k)
             merge_into_store(self.best_path, self.target, [entry], lock=self._lock_path())
             summary.update({"best config": _fmt_config(entry["config"]), "time_ms": row["time_ms"],
                             "vs default": row.get("speedup_vs_default"), "vs torch": row.get("speedup_vs_torch")})

@@ -33,6 +33,7 @@ import csv
 import math
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -168,7 +169,7 @@ def check(case: Case, out: torch.Tensor, args, kw) -> str | None:
     return None
 
 
-def run_case(case: Case, backends: dict, device, gen, copy_gbps: float) -> list[dict]:
+def run_case(case: Case, backends: dict, device, gen, copy_gbps: float | None) -> list[dict]:
     args, kw, nbytes, work = make_call(case, gen, device)
     rows, torch_ms, torch_graph_ms = [], None, None
     for backend, module in backends.items():
@@ -259,34 +260,33 @@ def main(argv=None) -> int:
     return 0
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def measure(cases: list[Case], backends: dict, copy_elements: int, out: Path, repeat: int = 1,
-            log: Callable[[str], None] = _stderr, done_one: Callable[[], None] = lambda: None) -> list[dict]:
-    """The copy ceiling, then every case `repeat` times in turn; writes `out` and returns its rows.
+def measure(cases: list[Case], backends: dict, copy_elements: int | None, out: Path, repeat: int = 1,
+            log: Callable[[str], None] = partial(print, file=sys.stderr, flush=True),
+            done_one: Callable[[], None] = lambda: None) -> list[dict]:
+    """The copy ceiling (a copy of `copy_elements` fp32 values; None: no ceiling, for cases that are
+    not elementwise), then every case `repeat` times in turn; writes `out` and returns its rows.
 
     Rows go to OUT.partial as each case ends, which becomes OUT once all are measured: a run
     stopped at its time limit keeps what it measured and leaves the last complete OUT as it was."""
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 baselines are true fp32
     gen = torch.Generator(device=device).manual_seed(0)
-    copy_gbps = measure_copy(copy_elements, device)
-    log(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
+    copy_gbps = measure_copy(copy_elements, device) if copy_elements else None
+    if copy_gbps:
+        log(f"device copy: {copy_gbps:.0f} GB/s (read + write)")
     prov = provenance()
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
+    in_progress = out.with_name(out.name + ".partial")
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
                "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
                "graph_ms", "graph_p20_ms", "graph_p80_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep",
                *prov]
     rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{copy_elements}",
-                 status="ok", gbps=copy_gbps, pct_of_copy=100.0)]
-    with partial.open("w", newline="") as f:
+                 status="ok", gbps=copy_gbps, pct_of_copy=100.0)] if copy_gbps else []
+    with in_progress.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerow({**prov, **rows[0]})
+        writer.writerows({**prov, **row} for row in rows)
         for rep in range(repeat):
             for i, case in enumerate(cases):
                 done = run_case(case, backends, device, gen, copy_gbps)
@@ -296,7 +296,7 @@ def measure(cases: list[Case], backends: dict, copy_elements: int, out: Path, re
                 rows += done
                 log(f"[{rep + 1}/{repeat} {i + 1}/{len(cases)}] {case.group} {case.op} {case.dtype} {case.shape}")
                 done_one()
-    partial.replace(out)
+    in_progress.replace(out)
     return rows
 
 

@@ -44,6 +44,7 @@ import hashlib
 import statistics
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -197,13 +198,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def measure(protocol: str, dtype: str, hidden: list[int], variants: list[str], *, steps: int | None,
             autotune_hidden: set[int], tuned: Path | None, out: Path, curves_dir: Path | None = None,
-            log: Callable[[str], None] = _stderr, done_one: Callable[[], None] = lambda: None) -> list[dict]:
+            log: Callable[[str], None] = partial(print, file=sys.stderr, flush=True),
+            done_one: Callable[[], None] = lambda: None) -> list[dict]:
     """Trains each variant at each width (torch eager first: the reference), merging a row per run
     into `out` as it ends; returns all of out's rows. Runs `out` already holds for this commit and
     settings are skipped; `done_one` is called after each run or skip (a progress bar's tick)."""

@@ -5,9 +5,10 @@
 
 On a GPU, in this order (a progress bar per stage, a summary at the end):
 
-  compile  every kernel and torch.compile graph the stages below time, built first in parallel,
-           a process per core, so that those stages find them in the disk caches (CuPy's,
-           Triton's, inductor's) and the run's wall time is mostly timing
+  compile  every GEMM kernel and training step the stages below time (the elementwise kernels, three,
+           compile as they run), built first in parallel, a process per core, so that those stages
+           find them in the disk caches (CuPy's, Triton's, inductor's) and the run's wall time is
+           mostly timing
   kernels  elementwise ops against a device copy (256M fp32 elements); square matmuls (4096^3 in
            fp32, fp16, bf16; 8192^3 in fp16, bf16), each twin at its default config and at the
            store's tuned one, against cuBLAS (experiments.bench_kernels)
@@ -16,29 +17,36 @@ On a GPU, in this order (a progress bar per stage, a summary at the end):
   steps    the training step of both protocols (kernels_core.mlp.PROTOCOLS) at their widths, 500
            steps a run: each twin on its tuned configs against the torch variants
            (experiments.compare)
-  tuning   the tuner's own cost: autotune.search on the default protocol's GEMMs at H = 128, as a
-           user runs it, in a fresh folder (trials per second, wall time)
+  tuning   the tuner's own cost: autotune.search on the default protocol's GEMMs at H = 128 (4
+           configs a study; 2 with --quick), as a user runs it, in a fresh folder (trials per
+           second, wall time)
   report   plots, then the README's results section rewritten from this run's CSVs alone
            (experiments.report)
 
 The kernel and GEMM stages run every case `ROUNDS` times in turn: a table shows the median of the
-rounds and their range, the spread a second run should stay within; a step time shows its median
-step and the 20th-80th percentiles of its steps.
+rounds and their range; a step time shows its median step and the 20th-80th percentiles of its
+steps. Both are spreads within the run; another run moves some figures further
+(experiments/FINDINGS.md, "The headline run").
+
+The stages measure into <folder>.partial, which replaces the folder once every stage has finished
+ok: a run that fails or is stopped leaves the folder, and the README drawn from it, as they were.
 
 Modes (the default about 5 minutes on the H200 with the shipped store, caches cold):
-  default  every protocol width, every torch variant but the two max-autotune ones (~35 s of
-           autotuning per GEMM shape), whose rows the README marks "--full"
+  default  every protocol width, every torch variant but the two max-autotune ones (which spend
+           minutes autotuning a width's GEMMs), whose rows the README marks "--full"
   --full   the max-autotune variants too, at every width (tens of minutes more)
-  --quick  H = 128 and 1024, 4096^3 only, one round (2 minutes with caches warm); writes
+  --quick  H = 128 and 1024, 4096^3 only, one round; writes
            experiments/runs/headline-quick/ and leaves the README as it is
-`--resume` goes on with the run its folder holds, at the same commit and store, instead of starting afresh:
-the stages it records as done are kept, and the training step measures only the runs its CSVs lack. So a
-run stopped by a time limit finishes in a later call, and `--full --resume` after a default run adds the
-max-autotune variants alone. Its stage times are the sums over the calls that ran them.
+`--resume` goes on with the run that <folder>.partial (else the folder) holds, at the same commit and
+store, instead of starting afresh: the stages it records as done are kept, and the training step
+measures only the runs its CSVs lack. So a run stopped by a time limit finishes later, and `--full
+--resume` after a default run adds the max-autotune variants alone. Its stage times are the sums over
+the runs that made them.
 
 Writes experiments/results/<gpu>/headline/: kernels.csv, trainer_gemms.csv, trainer_fp32.csv,
-compare_fp16.csv, tuning.csv, stages.csv (each stage's wall time), step_time_<protocol>.png and
-roofline.png; the log of the whole run goes to experiments/logs/headline.log.
+compare_fp16.csv, tuning.csv, stages.csv (each stage's wall time, the commit, the store),
+step_time_<protocol>_500steps.png and roofline.png; the log of the whole run goes to
+experiments/logs/headline.log.
 """
 from __future__ import annotations
 
@@ -86,7 +94,9 @@ class Plan:
     folder: Path
     readme: bool  # whether the run rewrites the README
 
-    def step_variants(self, protocol: str, hidden: int) -> list[str]:
+    @property
+    def variants(self) -> list[str]:
+        """The training-step variants of every width."""
         return [*TORCH_VARIANTS, *(MAX_AUTOTUNE_VARIANTS if self.max_autotune else ()), *TWIN_VARIANTS]
 
 
@@ -154,7 +164,7 @@ def warm_jobs(p: Plan, store_path: Path | None, cases) -> list[tuple]:
     for protocol, widths in p.widths.items():
         base = compare.base_config(protocol, PROTOCOLS[protocol].dtype, STEPS)
         for h in widths:
-            for variant in p.step_variants(protocol, h):
+            for variant in p.variants:
                 spec = dict(compare.VARIANTS[variant])
                 if compare.autotunes(variant) or spec.get("compile") is None and spec["backend"] == "torch":
                     continue  # max-autotune times itself as it compiles; eager and graph build nothing
@@ -187,35 +197,35 @@ def compile_stage(p: Plan, jobs: list[tuple], log) -> int:
 
 
 # ---------------------------------------------------------------- timed stages
-def kernels_stage(p: Plan, store, log) -> None:
+def kernels_stage(p: Plan, square, log) -> None:
     from experiments import bench_kernels
 
-    cases = bench_kernels.elementwise_cases(65536) + bench_kernels.gemm_cases(list(p.square), store)
-    _bench(cases, p.folder / "kernels.csv", p.rounds, "kernels", log)
+    rows = 65536  # x 4096: 256M elements, 1 GiB in fp32, far past L2
+    _bench(bench_kernels.elementwise_cases(rows) + square, rows * 4096, p.folder / "kernels.csv", p.rounds, "kernels",
+           log)
 
 
 def gemms_stage(p: Plan, cases, log) -> None:
-    _bench(cases, p.folder / "trainer_gemms.csv", p.rounds, "gemms", log)
+    _bench(cases, None, p.folder / "trainer_gemms.csv", p.rounds, "gemms", log)
 
 
-def _bench(cases, out: Path, rounds: int, name: str, log) -> None:
+def _bench(cases, copy_elements: int | None, out: Path, rounds: int, name: str, log) -> None:
     from experiments import bench_kernels
     from kernels_core import backends as kernel_packages
     from kernels_core.reference import native
 
     backends = {"cuda": kernel_packages.load("cuda"), "triton": kernel_packages.load("triton"), "torch": native}
     with tqdm(total=len(cases) * rounds, desc=name, unit="case") as bar:
-        bench_kernels.measure(cases, backends, 65536 * 4096, out, rounds, log=log, done_one=bar.update)
+        bench_kernels.measure(cases, backends, copy_elements, out, rounds, log=log, done_one=bar.update)
 
 
 def steps_stage(p: Plan, store_path: Path | None, log) -> None:
     from experiments import compare
 
-    runs = sum(len(p.step_variants(proto, h)) for proto, widths in p.widths.items() for h in widths)
+    runs = sum(len(p.variants) * len(widths) for widths in p.widths.values())
     with tqdm(total=runs, desc="steps", unit="run") as bar:
         for protocol, widths in p.widths.items():
-            variants = sorted({v for h in widths for v in p.step_variants(protocol, h)}, key=list(compare.VARIANTS).index)
-            compare.measure(protocol, PROTOCOLS[protocol].dtype, list(widths), variants, steps=STEPS,
+            compare.measure(protocol, PROTOCOLS[protocol].dtype, list(widths), p.variants, steps=STEPS,
                             autotune_hidden=set(widths) if p.max_autotune else set(), tuned=store_path,
                             out=p.folder / f"{stem(protocol)}.csv", log=log, done_one=bar.update)
 
@@ -307,16 +317,23 @@ def main(argv=None) -> int:
     store_name = str(store_path.resolve().relative_to(Path.cwd())) if store_path and store_path.resolve().is_relative_to(
         Path.cwd()) else str(store_path or "none: default configs")
     commit = provenance()["commit"]
-    try:
-        prior = resumable(p.folder, commit, store_name) if args.resume else {}
-    except ValueError as exc:
-        ap.error(str(exc))
-    if p.folder.exists() and not args.resume:
-        shutil.rmtree(p.folder)  # a run's folder holds that run alone
-    p.folder.mkdir(parents=True, exist_ok=True)
+    final, work = p.folder, p.folder.with_name(p.folder.name + ".partial")
+    prior = {}
+    if args.resume:
+        source = work if work.exists() else final
+        try:
+            prior = resumable(source, commit, store_name)
+        except ValueError as exc:
+            ap.error(str(exc))
+        if source == final and final.exists():
+            shutil.copytree(final, work)
+    elif work.exists():
+        shutil.rmtree(work)  # a run's folder holds that run alone
+    work.mkdir(parents=True, exist_ok=True)
+    p = replace(p, folder=work)
     LOG.parent.mkdir(parents=True, exist_ok=True)
     print(f"headline, {'quick' if args.quick else 'full' if args.full else 'default'} mode, commit {commit}, "
-          f"writing {p.folder}")
+          f"measuring into {work}")
 
     with LOG.open("a" if args.resume else "w") as log_file:
         def log(text: str) -> None:
@@ -327,7 +344,7 @@ def main(argv=None) -> int:
         square = bench_kernels.gemm_cases(list(p.square), store)
         stages = [
             ("compile", lambda: compile_stage(p, warm_jobs(p, store_path, gemm_cases + square), log)),
-            ("kernels", lambda: kernels_stage(p, store, log)),
+            ("kernels", lambda: kernels_stage(p, square, log)),
             ("gemms", lambda: gemms_stage(p, gemm_cases, log)),
             ("steps", lambda: steps_stage(p, store_path, log)),
             ("tuning", lambda: tuning_stage(p, log)),
@@ -349,15 +366,24 @@ def main(argv=None) -> int:
                     log(status)
                 done.append({"stage": name, "seconds": time.perf_counter() - start, "status": status,
                              "commit": commit, "config_store": store_name})
-            pd.DataFrame(done).to_csv(p.folder / "stages.csv", index=False)
+            pd.DataFrame(done).to_csv(work / "stages.csv", index=False)
         failed = [s for s in done if not s["status"].startswith("ok")]
-        if failed and p.readme:
-            p = replace(p, readme=False)
-            print("a stage failed: the README is left as it was", file=sys.stderr)
-        start = time.perf_counter()
-        report_stage(p, gpu, log)  # stages.csv, which the README quotes, keeps the measuring stages only
-        done.append({"stage": "report", "seconds": time.perf_counter() - start,
-                     "status": "ok, README rewritten" if p.readme else "ok, README untouched"})
+        if failed:
+            print(f"a stage failed: what was measured is in {work}, and --resume goes on from there; {final} "
+                  "and the README are as they were", file=sys.stderr)
+        else:
+            if final.exists():
+                shutil.rmtree(final)
+            work.rename(final)
+            p = replace(p, folder=final)
+            start = time.perf_counter()
+            try:  # stages.csv, which the README quotes, keeps the measuring stages only
+                report_stage(p, gpu, log)
+                status = "ok, README rewritten" if p.readme else "ok, README untouched"
+            except Exception as exc:  # the figures are safe in the folder: `python -m experiments.report` retries
+                status = f"FAILED: {type(exc).__name__}: {exc}"
+                failed.append(status)
+            done.append({"stage": "report", "seconds": time.perf_counter() - start, "status": status})
     print(summary(p, done))
     return 1 if failed else 0
 

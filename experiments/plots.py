@@ -29,10 +29,16 @@ import pandas as pd  # noqa: E402
 
 from experiments import compare  # noqa: E402
 from experiments.paths import results_dir  # noqa: E402
-from experiments.report import latest, load_compare  # noqa: E402
+from experiments.report import load_compare  # noqa: E402
 from kernels_core.mlp import PROTOCOLS  # noqa: E402
 from kernels_core.provenance import AS_TEXT  # noqa: E402
 
+
+
+def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The last row of each `by` group: a compare CSV gains rows as code changes, and a plot of it
+    shows the newest measurement, not an average across code versions."""
+    return df.drop_duplicates(by, keep="last")
 
 
 def step_time_name(protocol: str, length: str) -> str:
@@ -50,7 +56,6 @@ def step_time(folder: Path) -> list[Path]:
             continue
         dtype, protocol = df.dtype.iloc[0], df.protocol.iloc[0]
         p = PROTOCOLS[protocol]
-        net = "-".join(["784", *["H"] * p.layers, "10"])
         for length, run in df.groupby("run_length", sort=False):
             run = latest(run, ["variant", "hidden"])
             fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(7, 9), sharex=True, height_ratios=(2, 1, 1))
@@ -64,7 +69,7 @@ def step_time(folder: Path) -> list[Path]:
             mid.set_title("fastest torch: " + "; ".join(f"{v} at H={', '.join(map(str, hs))}" for v, hs in widths),
                           fontsize=8)
             top.set(xscale="log", yscale="log", ylabel="median step time (µs)",
-                    title=f"MNIST MLP {net}, batch {p.batch_size}, {dtype}, {length}, {df.device.iloc[0]}")
+                    title=f"MNIST MLP {p.net}, batch {p.batch_size}, {dtype}, {length}, {df.device.iloc[0]}")
             top.legend(fontsize=8)
             mid.set(ylabel="speedup vs the\nfastest torch variant")
             bottom.set(xscale="log", xlabel="hidden width H", ylabel="speedup vs torch eager")

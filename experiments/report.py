@@ -1,10 +1,12 @@
 """The README's results section, regenerated from one run of experiments.headline (no hand-typed numbers).
 
-    python -m experiments.report [--gpu h200] [--check]
+    python -m experiments.report [--gpu h200] [--check | --rerun FOLDER]
 
 Rewrites what lies between the markers `<!-- results:begin -->` and `<!-- results:end -->` in
 README.md from experiments/results/<gpu>/headline/. `--check` exits 1 if that section is stale,
-or if the run's CSVs mix commits or repeat a row: the section shows one run, whole.
+or if the run's CSVs mix commits or repeat a row: the section shows one run, whole. `--rerun
+FOLDER` compares another run's headline folder with that one, figure by figure, against the
+spreads that one reports (experiments/results/<gpu>/headline_rerun.csv).
 """
 from __future__ import annotations
 
@@ -21,19 +23,13 @@ from kernels_core.provenance import AS_TEXT
 EXPERIMENTS = Path(__file__).resolve().parent
 README = EXPERIMENTS.parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-# The seed project's published step-time speedups of its CUDA MLP over eager PyTorch (RTX 3060): about
-# 5.2x at H = 128-256, falling to about 1.5x at H = 2048-8192; it gave no figure for 512 and 1024.
+# The seed project's published step-time speedups of its CUDA MLP over eager PyTorch on an RTX 3060
+# (experiments/FINDINGS.md, "Training step: seed protocol"); it gave no figure for H = 512 and 1024.
 SEED_PROJECT = {128: 5.2, 256: 5.2, 2048: 1.5, 4096: 1.5, 8192: 1.5}
 
 
 class NotOneRun(ValueError):
     """The headline folder's CSVs are not one run: several commits, or a repeated row."""
-
-
-def latest(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """The last row of each `by` group: a rerun at a new commit appends rows, and the
-    newest measurement is the one to show, not an average across code versions."""
-    return df.drop_duplicates(by, keep="last")
 
 
 def load_compare(path: Path) -> pd.DataFrame:
@@ -137,7 +133,8 @@ def gemms_section(df: pd.DataFrame, commit: str) -> list[str]:
 
 
 def headline_steps(df: pd.DataFrame) -> pd.DataFrame:
-    """Per width: each tuned twin's median step, the fastest torch variant's, and the twins' speedups."""
+    """Per width: each tuned twin's median step, the fastest torch variant's of those run, and the twins'
+    speedups."""
     rows = []
     for h, g in df.groupby(df.hidden.astype(int)):
         torch_rows = g[g.backend == "torch"].sort_values("median_step_us")
@@ -147,9 +144,9 @@ def headline_steps(df: pd.DataFrame) -> pd.DataFrame:
         for twin in ("cuda", "triton"):
             us = g[g.variant == f"{twin}-tuned"].median_step_us
             row[f"{twin} µs"] = f"{us.iloc[0]:.1f}" if len(us) else ""
-            row[f"{twin} vs best torch"] = _x(best.median_step_us / us.iloc[0]) if len(us) else ""
+            row[f"{twin} vs fastest torch run"] = _x(best.median_step_us / us.iloc[0]) if len(us) else ""
             row[f"{twin} vs eager"] = _x(eager.iloc[0] / us.iloc[0]) if len(us) and len(eager) else ""
-        row["fastest torch"] = f"{best.variant} {best.median_step_us:.1f}"
+        row["fastest torch run"] = f"{best.variant} {best.median_step_us:.1f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -167,18 +164,18 @@ def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
     order = [v for v in compare.VARIANTS if v in cells or v in MAX_AUTOTUNE_VARIANTS]
     table = pd.DataFrame([{"variant": v, **{f"H={h}": cells.get(v, {}).get(h, "`--full`" if v in MAX_AUTOTUNE_VARIANTS else "")
                                            for h in widths}} for v in order])
-    net = "-".join(["784", *["H"] * p.layers, "10"])
     what = ("the seed project's protocol" if protocol == "seed" else "the trainer's defaults")
-    lines = [f"### Training step, {what}: {net}, {p.dtype}, batch {p.batch_size} (commit {commit})", "",
+    lines = [f"### Training step, {what}: {p.net}, {p.dtype}, batch {p.batch_size} (commit {commit})", "",
              f"Median step time in µs over {STEPS} steps (20th–80th percentile of the steps), data gather "
              "included, compilation and autotuning excluded; `--full` marks the max-autotune variants, "
-             "measured only by `python -m experiments.headline --full` (~35 s of autotuning per GEMM shape):",
-             "", _table(table), ""]
+             "measured only by `python -m experiments.headline --full` (they spend minutes autotuning each "
+             "width's GEMMs):", "", _table(table), ""]
     speed = headline_steps(df)
     if protocol == "seed":
         speed["seed project, CUDA vs eager (RTX 3060)"] = speed.H.map(lambda h: f"~{SEED_PROJECT[h]}×" if h in SEED_PROJECT else "")
-    lines += ["Each twin on its tuned configs against the fastest torch variant at that width and against torch "
-              "eager:", "", _table(speed), ""]
+    lines += ["Each twin on its tuned configs against the fastest torch variant this run measured at that width "
+              "(not max-autotune, which earlier runs measured faster than torch-compile-graph at H = 128: "
+              "experiments/FINDINGS.md, \"The headline run\") and against torch eager:", "", _table(speed), ""]
     from experiments.plots import step_time_name
 
     plot = folder / step_time_name(protocol, df.run_length.iloc[0])
@@ -190,7 +187,7 @@ def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
 def tuning_section(df: pd.DataFrame, commit: str) -> list[str]:
     t = df.iloc[0]
     return [f"### Tuning cost (commit {commit})", "",
-            f"`{t.command}` (one worker, the default): {int(t.trials)} trials ({int(t.ok_trials)} valid) in "
+            f"`{t.command}` (the default workers: one per GPU): {int(t.trials)} trials ({int(t.ok_trials)} valid) in "
             f"{int(t.studies)} studies, {t.wall_s:.0f} s of wall time, {t.trials_per_s:.2f} trials per second.", ""]
 
 

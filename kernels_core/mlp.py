@@ -28,6 +28,11 @@ class Protocol:
     widths: tuple[int, ...]  # the widths the benchmarks measure
     steps: int | None = None  # None: the trainer's epochs
 
+    @property
+    def net(self) -> str:
+        """The layer widths, e.g. 784-H-H-10."""
+        return "-".join([str(MNIST_IN), *["H"] * self.layers, str(MNIST_CLASSES)])
+
     def settings(self) -> dict:
         """The trainer's settings this protocol fixes (trainer.config.Config fields); the width
         stays each run's own."""

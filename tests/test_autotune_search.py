@@ -194,6 +194,17 @@ def test_a_study_whose_best_loses_to_the_default_config_writes_no_entry(tmp_path
     path = tmp_path / "out" / "cpu" / "best.json"
     assert not path.exists() or json.loads(path.read_text())["entries"] == [], out.stdout
     assert out.stdout.count("no entry: the default config (") == 2
+    # An entry best.json already holds that the default config beats goes too, even where it beats
+    # the study's best (the fake's (16, 32, 1) sleeps 2 ms a call here, the study's draws 6 or more,
+    # the default none).
+    store = ConfigStore("cpu")
+    for shape in ("16x16x16", "32x32x16"):
+        store.put({"op": "matmul", "backend": "fake", "dtype": "fp32", "shape": f"{shape}:nn",
+                   "config": {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT": 1}})
+    save_store(path, store)
+    out = search(tmp_path, *args, "--study-prefix", "again:", FAKE_BEST="16,16,1")
+    assert json.loads(path.read_text())["entries"] == [], out.stdout
+    assert out.stdout.count("no entry: the default config (") == 2
     (tmp_path / "usual").mkdir()
     out = search(tmp_path / "usual", *args)  # the best config away from the default: both written
     assert len(json.loads((tmp_path / "usual" / "out" / "cpu" / "best.json").read_text())["entries"]) == 2, out.stdout
