@@ -2,7 +2,7 @@
 
 Select it with AUTOTUNE_BACKENDS=fake=tests.fake_backend and --backends fake.
 relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
-3 hang, 4 process crash. matmul is correct for every config and is fastest
+3 hang, 4 process crash (FAKE_RELU_DEFAULT_MS slows its default config). matmul is correct for every config and is fastest
 at BLOCK_M=32, BLOCK_N=64, SPLIT=1 (FAKE_BEST=M,N,SPLIT moves it), so a search has something to find. FAKE_COMPILE_S
 makes each config's first call slow, like a real compile; FAKE_LOST_GPU=1 makes
 every call kill its process, as every launch does on a GPU that fell off the bus.
@@ -69,6 +69,8 @@ def relu(x, *, out=None, config=None):
         time.sleep(3600)
     if mode == 4:
         os._exit(9)
+    if cfg["BLOCK"] == 64:  # the default: FAKE_RELU_DEFAULT_MS makes it the slowest config that runs
+        time.sleep(float(os.environ.get("FAKE_RELU_DEFAULT_MS", "0")) / 1e3)
     y = x.clone() if mode == 2 else torch.relu(x)
     if out is not None:
         out.copy_(y)

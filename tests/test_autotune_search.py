@@ -66,8 +66,9 @@ def this_run(stdout: str) -> tuple[int, int]:
 
 @pytest.mark.slow  # the tuner in subprocesses
 def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
+    # The default config (BLOCK=64) 5 ms slower than the other that runs: the winner beats it.
     out = search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "relu", "--dtypes", "fp32",
-                 "--shapes", "32x64", "--sampler", "grid", "--trials", "20", "--timeout", "3")
+                 "--shapes", "32x64", "--sampler", "grid", "--trials", "20", "--timeout", "3", FAKE_RELU_DEFAULT_MS="5")
     rows = trials(tmp_path)
     by_mode = {int(r.MODE): r for r in rows.itertuples()}
     assert len(rows) == 10 and set(rows["BLOCK"]) == {64, 128}  # BLOCK=256 breaks the fp32 rule: never tried
@@ -81,7 +82,7 @@ def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
     assert rows["study"].eq("cpu:relu:fake:fp32:32x64").all() and sorted(rows["trial"]) == list(range(10))
     best = load_store(tmp_path / "out" / "cpu" / "best.json", "cpu")
     config, source = best.lookup("relu", "fake", "fp32", "32x64")
-    assert source == "tuned" and config["MODE"] == 0
+    assert source == "tuned" and config["MODE"] == 0 and config["BLOCK"] == 128
     raw = json.loads((tmp_path / "out" / "cpu" / "best.json").read_text())["entries"][0]
     assert raw["trials"] == 10 and raw["failures"] == {"compile_error": 2, "wrong_result": 2, "timeout": 2,
                                                        "launch_error": 2}
