@@ -8,8 +8,8 @@ L2 flushed, kernels_core.timing.bench, for an op that cannot be captured or on t
 CPU). Results go to <out>/<target>/trials.csv (a row per
 trial, flushed as it ends), the Optuna storage (committed per trial), and
 <out>/<target>/best.json (the winners, rewritten atomically after each study; an entry
-already there is replaced only by a winner that beats its config in the same run, and a
-winner slower than the op's default config is not written).
+already there is replaced only by a winner that beats its config in the same run; where the
+op's default config beats both, the entry is the default config).
 Re-running a command resumes it; a SIGKILL loses at most the trials in flight.
 
 Several machines can share studies through one RDB URL (e.g.

@@ -282,14 +282,24 @@ class Search:
             winner_ms = baselines["incumbent_ms"] if kept else best.user_attrs["row"]["time_ms"]
             winner = baselines["incumbent"] if kept else best.user_attrs["config"]
         default_ms, default = baselines.get("default_ms"), job.space.default_for(self.target.arch)
-        # An entry slower than the default config makes its callers slower than no entry does; the
-        # default config itself, timed as a trial, may stand (two timings of it differ by noise).
+        # An entry slower than the default config would make its callers slower than the default: the
+        # default config, timed in this run, is the entry then (a winner that is the default config,
+        # timed as a trial, stands as it is: two timings of it differ by noise).
         lost = best is not None and default_ms is not None and winner_ms > default_ms \
             and {**default, **winner} != default
         if lost:
             beaten = f"{self._incumbent_name()} entry" if kept else "the study's best"
-            summary["note"] = f"no entry: the default config ({default_ms:.4g} ms) beat {beaten} ({winner_ms:.4g} ms)"
-            merge_into_store(self.best_path, self.target, [], drop=[key], lock=self._lock_path())
+            torch_ms = baselines.get("torch_ms")
+            row = best.user_attrs["row"]
+            entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
+                     "config": default, "trials": measured, "failures": failures, "study": name,
+                     "provenance": {k: row.get(k) for k in PROVENANCE}, "time_ms": default_ms,
+                     "default_ms": default_ms, "torch_ms": torch_ms, "speedup_vs_default": 1.0,
+                     "speedup_vs_torch": torch_ms / default_ms if torch_ms else None}
+            merge_into_store(self.best_path, self.target, [entry], lock=self._lock_path())
+            summary.update({"best config": _fmt_config(default), "time_ms": default_ms, "vs default": 1.0,
+                            "vs torch": entry["speedup_vs_torch"],
+                            "note": f"the default config ({default_ms:.4g} ms) beat {beaten} ({winner_ms:.4g} ms)"})
         elif kept:
             t, torch_ms = baselines["incumbent_ms"], baselines.get("torch_ms")
             summary.update({"best config": _fmt_config(baselines["incumbent"]), "time_ms": t,

@@ -277,22 +277,16 @@ def save_store(path, store: ConfigStore) -> None:
         os.replace(tmp, path)
 
 
-def merge_into_store(path, target: str | Target, entries: Iterable[dict], *, lock, drop: Iterable[Key] = ()) -> None:
+def merge_into_store(path, target: str | Target, entries: Iterable[dict], *, lock) -> None:
     """Put `entries` into the store at `path` (a new one if there is none), each replacing the
-    entry of its op, backend, dtype and shape, and remove the entries of the keys in `drop`. Read,
-    merged and written under an exclusive flock on the file `lock`: two processes on this host
-    merging at once would otherwise both read the old file, and the later rename would drop the
-    other's entries."""
-    entries, drop = list(entries), list(drop)
+    entry of its op, backend, dtype and shape. Read, merged and written under an exclusive flock on
+    the file `lock`: two processes on this host merging at once would otherwise both read the old
+    file, and the later rename would drop the other's entries."""
     lock = Path(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        if not Path(path).exists() and not entries:
-            return  # nothing to put, nothing to remove
         store = load_store(path, target) if Path(path).exists() else ConfigStore(_target_name(target))
         for entry in entries:
             store.put(entry)
-        for key in drop:
-            store.entries.pop(key, None)
         save_store(path, store)

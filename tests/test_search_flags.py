@@ -45,8 +45,8 @@ FAKE_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": 1}  # the fake matmul's d
 
 
 def timed(rand: random.Random):
-    """Random times, the default config's the slowest: a study's best beats it, so a finished study
-    writes an entry (the tuner writes none slower than the default)."""
+    """Random times, the default config's the slowest: a study's best beats it, so the entry a finished
+    study writes is its winner (where the default config wins, the entry is the default config)."""
     return lambda call, backend, config: {"status": "ok", "time_ms": (2.0 if config == FAKE_DEFAULT else 0.5)
                                           + rand.random(), "gpu": None}
 
