@@ -276,6 +276,9 @@ class Search:
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
                    "invalid": counts["invalid"], "note": (runner.ended or baselines.get("default_problem", ""))[:80]}
         key = (job.call.op, job.backend, job.call.dtype, job.call.key)
+        # What every entry this study writes says of its call and its study.
+        base = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
+                "trials": measured, "failures": failures}
         kept = best is not None and baselines.get("incumbent_ms") is not None \
             and baselines["incumbent_ms"] <= best.user_attrs["row"]["time_ms"]
         if best is not None:
@@ -291,8 +294,7 @@ class Search:
             beaten = f"{self._incumbent_name()} entry" if kept else "the study's best"
             torch_ms = baselines.get("torch_ms")
             row = best.user_attrs["row"]
-            entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
-                     "config": default, "trials": measured, "failures": failures, "study": name,
+            entry = {**base, "config": default, "study": name,
                      "provenance": {k: row.get(k) for k in PROVENANCE}, "time_ms": default_ms,
                      "default_ms": default_ms, "torch_ms": torch_ms, "speedup_vs_default": 1.0,
                      "speedup_vs_torch": torch_ms / default_ms if torch_ms else None}
@@ -312,8 +314,7 @@ class Search:
                 merge_into_store(self.best_path, self.target, [shipped], lock=self._lock_path())
         elif best is not None:
             row = best.user_attrs["row"]
-            entry = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
-                     "config": best.user_attrs["config"], "trials": measured, "failures": failures,
+            entry = {**base, "config": best.user_attrs["config"],
                      # Where the measurement was made: a copy's row is its source's (another
                      # --study-prefix's study, say), and names that study and trial.
                      "study": row.get("study", name), "trial": row.get("trial", best.number),

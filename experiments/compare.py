@@ -108,6 +108,12 @@ def protocol_length(protocol: str) -> str:
     return run_length(base_config(protocol, "fp32", None))
 
 
+def csv_name(protocol: str, dtype: str | None = None) -> str:
+    """The CSV a protocol's comparison goes to (its dtype by default): compare_<dtype>.csv for the seed
+    protocol, trainer_<dtype>.csv for the trainer's default one."""
+    return f"{'compare' if protocol == 'seed' else 'trainer'}_{dtype or PROTOCOLS[protocol].dtype}.csv"
+
+
 def file_sha(path: str | None) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12] if path and Path(path).is_file() else ""
 
@@ -188,8 +194,7 @@ def main(argv=None) -> int:
     hidden = ([128, 1024] if args.quick else [int(h) for h in args.hidden.split(",")] if args.hidden
               else list(PROTOCOLS[args.protocol].widths))
     tuned = Path(args.tuned_configs) if args.tuned_configs else choose_local_store(RESULTS.parent).path
-    stem = "compare" if args.protocol == "seed" else "trainer"
-    out = results_dir() / f"{stem}_{dtype}.csv"
+    out = results_dir() / csv_name(args.protocol, dtype)
     rows = measure(args.protocol, dtype, hidden, variants, steps=500 if args.quick and not args.steps else args.steps,
                    autotune_hidden={int(h) for h in args.max_autotune_hidden.split(",") if h}, tuned=tuned, out=out,
                    curves_dir=results_dir() / "loss_curves")

@@ -71,8 +71,8 @@ from kernels_core.mlp import PROTOCOLS
 
 ROUNDS = 3
 STEPS = 500  # per training run: a step time, not the protocol's accuracy
-# The torch variants of every width; the max-autotune ones (~35 s of autotuning per GEMM shape, 7-9
-# shapes a width) only in a --full run.
+# The torch variants of every width; the max-autotune ones (minutes of autotuning a width:
+# experiments/FINDINGS.md, "The headline run") only in a --full run.
 TORCH_VARIANTS = ("torch-eager", "torch-graph", "torch-compile", "torch-compile-graph", "torch-reduce-overhead")
 MAX_AUTOTUNE_VARIANTS = ("torch-compile-max-graph", "torch-max-autotune")
 TWIN_VARIANTS = ("cuda-tuned", "triton-tuned")
@@ -120,11 +120,6 @@ def resumable(folder: Path, commit: str, store: str) -> dict[str, dict]:
             raise ValueError(f"{folder} holds a run at commit {row['commit']} on {row['config_store']}, not "
                              f"{commit} on {store}: run without --resume to start afresh")
     return {row["stage"]: row for row in rows if str(row["status"]).startswith("ok")}
-
-
-def stem(protocol: str) -> str:
-    """The compare CSV's name for a protocol, as experiments.compare writes it."""
-    return f"{'compare' if protocol == 'seed' else 'trainer'}_{PROTOCOLS[protocol].dtype}"
 
 
 # ---------------------------------------------------------------- compile: warm the disk caches
@@ -185,8 +180,7 @@ def compile_stage(p: Plan, jobs: list[tuple], log) -> int:
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_warm_worker_init) as pool, \
             tqdm(total=len(jobs), desc=f"compile ({workers} processes)", unit="job") as bar:
-        futures = {pool.submit(fn, *args): fn.__name__ for fn, *args in jobs}
-        for future in as_completed(futures):
+        for future in as_completed([pool.submit(fn, *args) for fn, *args in jobs]):
             try:
                 log(f"warm: {future.result()}")
             except Exception as exc:  # the timed stage meets the same failure and records it
@@ -227,18 +221,14 @@ def steps_stage(p: Plan, store_path: Path | None, log) -> None:
         for protocol, widths in p.widths.items():
             compare.measure(protocol, PROTOCOLS[protocol].dtype, list(widths), p.variants, steps=STEPS,
                             autotune_hidden=set(widths) if p.max_autotune else set(), tuned=store_path,
-                            out=p.folder / f"{stem(protocol)}.csv", log=log, done_one=bar.update)
-
-
-def tuning_command(trials: int) -> list[str]:
-    return [sys.executable, "-m", "autotune.search", *TUNING, "--trials", str(trials)]
+                            out=p.folder / compare.csv_name(protocol), log=log, done_one=bar.update)
 
 
 def tuning_stage(p: Plan, log) -> None:
     from kernels_core.provenance import provenance
 
     with tempfile.TemporaryDirectory() as tmp, tqdm(total=1, desc="tuning", unit="run") as bar:
-        cmd = tuning_command(p.tuning_trials) + ["--out", tmp]
+        cmd = [sys.executable, "-m", "autotune.search", *TUNING, "--trials", str(p.tuning_trials), "--out", tmp]
         start = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -265,13 +255,13 @@ def report_stage(p: Plan, gpu: str, log) -> None:
 
 # ---------------------------------------------------------------- the run
 def summary(p: Plan, stages: list[dict]) -> str:
-    from experiments import report
+    from experiments import compare, report
 
     lines = ["", "stage     seconds  status"]
     lines += [f"{s['stage']:9} {s['seconds']:7.0f}  {s['status']}" for s in stages]
     lines.append(f"total     {sum(s['seconds'] for s in stages):7.0f}")
     for protocol in p.widths:
-        path = p.folder / f"{stem(protocol)}.csv"
+        path = p.folder / compare.csv_name(protocol)
         if path.exists():
             lines += ["", f"{protocol} protocol, median step µs (x = the fastest torch variant / the twin):"]
             lines += report.headline_steps(report.load_compare(path)).to_string(index=False).splitlines()

@@ -23,6 +23,7 @@ from kernels_core.provenance import AS_TEXT
 EXPERIMENTS = Path(__file__).resolve().parent
 README = EXPERIMENTS.parent / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+STEP_CSVS = tuple(compare.csv_name(p) for p in compare.PROTOCOLS)  # the headline's training-step CSVs
 # The seed project's published step-time speedups of its CUDA MLP over eager PyTorch on an RTX 3060
 # (experiments/FINDINGS.md, "Training step: seed protocol"); it gave no figure for H = 512 and 1024.
 SEED_PROJECT = {128: 5.2, 256: 5.2, 2048: 1.5, 4096: 1.5, 8192: 1.5}
@@ -195,8 +196,8 @@ def render(gpu: str) -> str:
     """The section, from experiments/results/<gpu>/headline/; raises NotOneRun if that is not one run."""
     folder = results_dir(gpu) / "headline"
     read = lambda name: pd.read_csv(folder / name, dtype=AS_TEXT) if (folder / name).exists() else None  # noqa: E731
-    frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", "trainer_fp32.csv",
-                                              "compare_fp16.csv", "tuning.csv", "stages.csv")}
+    frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", *STEP_CSVS, "tuning.csv",
+                                              "stages.csv")}
     found = {name: df for name, df in frames.items() if df is not None and len(df)}
     if "stages.csv" not in found:
         return "\n".join([BEGIN, "", "No results yet: run `python -m experiments.headline` on a GPU.", "", END])
@@ -217,7 +218,7 @@ def render(gpu: str) -> str:
             lines += [f"![kernels against the measured ceilings]({(folder / 'roofline.png').relative_to(README.parent)})", ""]
     if "trainer_gemms.csv" in found:
         lines += gemms_section(found["trainer_gemms.csv"], commit)
-    for name in ("trainer_fp32.csv", "compare_fp16.csv"):
+    for name in STEP_CSVS:
         if name in found:
             lines += steps_section(load_compare(folder / name), commit, folder)
     if "tuning.csv" in found:
@@ -241,7 +242,7 @@ def figures(folder: Path) -> pd.DataFrame:
     parts.append(pd.DataFrame({"figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
                                           zip(t.dtype, t["shape"], t.backend, t.config_label)],
                                "median": t["median"], "lo": t.lo, "hi": t.hi}))
-    for name in ("trainer_fp32.csv", "compare_fp16.csv"):
+    for name in STEP_CSVS:
         df = pd.read_csv(folder / name, dtype=AS_TEXT)
         parts.append(pd.DataFrame({"figure": [f"step_us {p} H={h} {v}" for p, h, v in zip(df.protocol, df.hidden, df.variant)],
                                    "median": df.median_step_us, "lo": df.p20_step_us, "hi": df.p80_step_us}))

@@ -39,7 +39,7 @@ def fake_run(folder, cublas_ms=2.0, twin_ms=(1.0, 4.0), steps=None):
                               p80_step_us=us + 2, run_length="500 steps")
                          for h in (128, 256) for v, us in (("torch-eager", 400.0), ("torch-compile-graph", 90.0),
                                                            ("cuda-tuned", 45.0), ("triton-tuned", 60.0))]
-        _write(folder, f"{headline.stem(protocol)}.csv",
+        _write(folder, compare.csv_name(protocol),
                [dict(r, protocol=protocol, dtype=p.dtype, layers=p.layers) for r in rows])
     _write(folder, "tuning.csv", [dict(command="python -m autotune.search ... --out DIR", studies=20, trials=80,
                                        ok_trials=70, wall_s=50.0, trials_per_s=1.6)])
