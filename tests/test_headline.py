@@ -181,6 +181,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_a_failed_stage_keeps_the_rea
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kernels_core.store, "local_gpu", lambda: None)  # no GPU to name: no store
     monkeypatch.setattr(kernels_core.provenance, "provenance", lambda: {"commit": "abc1234"})
+    monkeypatch.setattr(kernels_core.provenance, "device_slug", lambda: "h200")  # torch here has no CUDA to ask
     monkeypatch.setattr(headline, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(headline, "LOG", tmp_path / "headline.log")
     monkeypatch.setattr(headline, "warm_jobs", lambda *args: [])
