@@ -1,10 +1,16 @@
-"""Measuring one config on a pool of worker subprocesses pinned to GPUs.
+"""Measuring one config on a pool of worker subprocesses pinned to GPUs, and compiling configs
+ahead of their measurement on a pool of its own.
 
-Workers overlap their compiles; the check and the timing hold their GPU's
-lock, so two measurements never share a GPU.
+Evaluator: workers overlap their compiles; the check and the timing hold their GPU's
+lock, so two measurements never share a GPU. The tuner gives it one worker per GPU, which
+times configs one at a time, and compiles them first on a CompilePool: processes on the host's
+other cores that compile a call's kernels without launching them (kernels_core.compile_only),
+so the timing worker finds them in the kernel libraries' disk caches and its GPU runs nothing
+but the measurement under way.
 """
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -15,27 +21,61 @@ CPU_BENCH = {"reps": 5, "max_seconds": 0.2}  # interpreter runs: the numbers onl
 GPU_BENCH = {"reps": 100, "max_seconds": 2.0}
 
 
-class Evaluator:
-    def __init__(self, target: str, workers: int | None, timeout: float, log_dir: Path, bench: dict | None = None):
+def host_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_compilers(target: str, most: int) -> int:
+    """Compile processes when --workers is not given: none on the cpu target (its interpreter compiles
+    nothing), else the host's cores but one per GPU's timing process and one for the search."""
+    if target == "cpu":
+        return 0
+    return max(1, min(most, host_cores() - len(visible_gpus()) - 1))
+
+
+def request(call: Call, backend: str, device: str) -> dict:
+    """What a worker needs to know of a call, as its protocol spells it (autotune.worker)."""
+    return {"backend": backend, "op": call.op, "dtype": call.dtype, "shape": list(call.shape), "layout": call.layout,
+            "bias": call.bias, "activation": call.activation, "fused_arg": call.fused_arg,
+            "momentum": call.momentum, "device": device}
+
+
+class _Pool:
+    """Worker processes pinned to the visible GPUs in turn (on the cpu target, to none)."""
+
+    def __init__(self, target: str, n: int | None, timeout: float, log_dir: Path, name: str):
         on_cpu = target == "cpu"
-        gpus = [None] if on_cpu else visible_gpus()
-        n = workers or len(gpus)
-        self.workers = [(WorkerProcess(str(i), worker_env(gpus[i % len(gpus)], interpret=on_cpu),
-                                       log_dir / f"worker-{i}.log"), gpus[i % len(gpus)]) for i in range(n)]
-        self.gpu_locks = {g: threading.Lock() for g in gpus}
+        self.gpus = [None] if on_cpu else visible_gpus()
+        n = len(self.gpus) if n is None else n  # one per GPU
+        self.workers = [(WorkerProcess(f"{name}{i}", worker_env(self.gpus[i % len(self.gpus)], interpret=on_cpu),
+                                       log_dir / f"{name or 'worker-'}{i}.log"), self.gpus[i % len(self.gpus)])
+                        for i in range(n)]
         self.device = "cpu" if on_cpu else "cuda"
-        self.bench = bench or (CPU_BENCH if on_cpu else GPU_BENCH)
         self.timeout = timeout
 
     def __len__(self) -> int:
         return len(self.workers)
 
+    def interrupt(self) -> None:
+        for worker, _ in self.workers:
+            worker.interrupt()
+
+    def close(self) -> None:
+        for worker, _ in self.workers:
+            worker.close()
+
+
+class Evaluator(_Pool):
+    def __init__(self, target: str, workers: int | None, timeout: float, log_dir: Path, bench: dict | None = None):
+        super().__init__(target, workers or None, timeout, log_dir, "")
+        self.gpu_locks = {g: threading.Lock() for g in self.gpus}
+        self.bench = bench or (CPU_BENCH if target == "cpu" else GPU_BENCH)
+
     def evaluate(self, index: int, call: Call, backend: str, config: dict | None, seed: int) -> dict:
         """Outcome of `config` on worker `index`: status, error, times, compile figures, gpu."""
         worker, gpu = self.workers[index]
-        base = {"backend": backend, "op": call.op, "dtype": call.dtype, "shape": list(call.shape),
-                "layout": call.layout, "bias": call.bias, "activation": call.activation, "fused_arg": call.fused_arg,
-                "momentum": call.momentum, "device": self.device}
+        base = request(call, backend, self.device)
         prepared = worker.request({"cmd": "prepare", **base, "config": config, "seed": seed}, self.timeout)
         if not prepared.get("ok"):
             return {**prepared, "gpu": gpu}
@@ -45,10 +85,17 @@ class Evaluator:
         status = {"status": "ok"} if measured.get("ok") else {}
         return {**keep, **measured, **status, "gpu": gpu}
 
-    def interrupt(self) -> None:
-        for worker, _ in self.workers:
-            worker.interrupt()
 
-    def close(self) -> None:
-        for worker, _ in self.workers:
-            worker.close()
+class CompilePool(_Pool):
+    """Processes that compile configs for the GPUs an Evaluator times on, `workers` at once."""
+
+    def __init__(self, target: str, workers: int, timeout: float, log_dir: Path):
+        super().__init__(target, workers, timeout, log_dir, "compile-")
+
+    def build(self, index: int, call: Call, backend: str, config: dict | None, seed: int) -> dict:
+        """{"ok": True, "compile_s"} once worker `index` compiled every kernel of the call at
+        `config`, else the failure as a trial's outcome (status, error)."""
+        worker, gpu = self.workers[index]
+        answer = worker.request({"cmd": "build", **request(call, backend, self.device), "config": config,
+                                 "seed": seed}, self.timeout)
+        return {**answer, "gpu": gpu}

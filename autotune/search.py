@@ -35,7 +35,8 @@ try:  # a Ctrl-C while these load (torch takes a second or more) ends as one lat
     from autotune.plan import build_plan
     from autotune.samplers import DEFAULT_SAMPLER, SAMPLERS
     from autotune.storage import STORAGE_ERRORS, shown_url, storage_problem
-    from autotune.tuning import Search
+    from autotune.evaluate import host_cores
+    from autotune.tuning import DEFAULT_MAX_COMPILERS, Search
     from autotune.worker_pool import WorkerStartError
     from kernels_core.backends import BackendError
     from kernels_core.cli import OneLineParser, whole_number
@@ -71,8 +72,7 @@ MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 1e9
 # op: a million is weeks of a GPU per study, and a space too large to enumerate is sampled by
 # drawing up to 200 times the cap.
 MAX_TRIALS = 1_000_000
-# Each worker is a process with torch loaded; a GPU times one at a time, so more than a few per
-# GPU only wait for their turn.
+# Each compile process has torch loaded (and a CUDA context on its GPU).
 MAX_WORKERS = 256
 # The mnist-mlp workload's calls are the same for every depth from 2 on, but for sgd_update's length.
 MAX_LAYERS = 1024
@@ -157,9 +157,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=whole_number(0, MAX_SEED), default=0,
                    help="seeds the sampler and the inputs; give each machine sharing a study its own, "
                         "or their samplers propose the same configs and spend suggestions on each other's")
-    p.add_argument("--workers", type=whole_number(1, MAX_WORKERS), help="worker processes (default: one per visible "
-                   "GPU; 1 on cpu; compile-only: up to 8); several per GPU overlap compiles, timing stays one at a "
-                   "time per GPU")
+    p.add_argument("--workers", type=whole_number(0, MAX_WORKERS),
+                   help="compile processes, which compile configs ahead of the one timing process per GPU (default: "
+                        f"the cores but one per GPU and one, at most {DEFAULT_MAX_COMPILERS}; 0 on cpu, whose "
+                        "interpreter compiles nothing; 0: each timing process compiles its own configs, one at a "
+                        "time); with --compile-only, the processes compiling (default: up to 8)")
     p.add_argument("--max-failures-in-a-row", type=whole_number(1), default=MAX_FAILURES_IN_A_ROW,
                    help="a worker whose trials end this many times in a row with it crashed, hung or unable to "
                         "launch (a lost GPU) gets no more; the search stops when none is left "
@@ -179,6 +181,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.compile_only and given:
         p.error(f"{', '.join(given)}: not used by --compile-only, which compiles each config once for the "
                 f"target, whatever the shape, and keeps no Optuna study; drop {'it' if len(given) == 1 else 'them'}")
+    if args.compile_only and args.workers == 0:
+        p.error("--compile-only --workers 0: no process would compile; leave --workers out for up to 8")
     if args.compile_only and args.target == "cpu":
         p.error("--compile-only --target cpu: the cpu target runs the Triton twin under its interpreter, which "
                 "compiles nothing; compile offline for a GPU target (the interpreter plays sm_90: --target sm_90)")
@@ -241,14 +245,19 @@ def print_summary(search: Search, interrupted: bool) -> None:
         if search.target.name == "cpu":
             print("(no 'vs torch' on the cpu target: the Triton kernels run in its Python interpreter, "
                   "torch natively)")
-    invalid_now = sum(o[3].invalid for _, o in search.opened)
-    reused_now = sum(o[3].reused for _, o in search.opened)
+    invalid_now = sum(lane.runner.invalid for lane in search.lanes)
+    reused_now = sum(lane.runner.reused for lane in search.lanes)
     done = len(search.summary)
-    finished = f"{done} of {len(search.opened)} studies finished" if interrupted else f"{done} studies"
+    finished = f"{done} of {len(search.lanes)} studies finished" if interrupted else f"{done} studies"
     print(f"\n{finished} on {search.target.name} ({search.args.sampler}, budget {search.budget} "
           f"measured configs each). This run: {sum(search.outcomes.values())} trials measured, {reused_now} "
           f"suggestions of configs measured before told their results at no cost, {invalid_now} suggestions "
           f"pruned as invalid before compiling ({sum(s['invalid'] for s in search.summary)} in the finished studies).")
+    measured = sum(search.outcomes.values())
+    compilers = f"{len(search.compilers)} compile processes" if len(search.compilers) else "no compile pool"
+    print(f"Tuning took {search.seconds:.1f} s: {measured / search.seconds if search.seconds else 0:.2f} trials a "
+          f"second ({compilers}, {len(search.pool)} timing process{'es' if len(search.pool) > 1 else ''}, "
+          f"{host_cores()} cores).")
     for line in search.plan.skipped:
         print(f"skipped {line}")
     for why in search.retired.values():

@@ -62,7 +62,7 @@ def _claims(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenT
     return [t for t in trials if t.state == TrialState.RUNNING and "config" in t.user_attrs]
 
 
-_WAIT = object()  # StudyRunner: the rest of the budget is in flight; look again soon
+WAIT = object()  # StudyRunner.poll: the rest of the budget is in flight; look again soon
 
 
 @dataclass
@@ -138,12 +138,17 @@ class StudyRunner:
         """
         stop = stop or threading.Event()
         while True:
-            with self.lock:
-                candidate = self._next_or_wait()
-            if candidate is not _WAIT:
+            candidate = self.poll()
+            if candidate is not WAIT:
                 return candidate
             if stop.wait(WAIT_S):
                 return None
+
+    def poll(self):
+        """The next config to measure, None when the budget or the space is used up, or WAIT
+        while the rest of the budget is in flight."""
+        with self.lock:
+            return self._next_or_wait()
 
     def _next_or_wait(self):
         streak = 0  # suggestions in a row that measure nothing new
@@ -157,7 +162,7 @@ class StudyRunner:
             if measured + len(claims) >= self.budget or (
                     self._valid is not None and self._valid <= done | {config_key(t.user_attrs["config"]) for t in claims}):
                 reap_dead(self.study)  # what is in flight may fill the budget, or may be dead
-                return _WAIT
+                return WAIT
             trial = self.study.ask()
             trial.set_user_attr("owner", OWNER)
             if self.heartbeat:
@@ -174,7 +179,7 @@ class StudyRunner:
                     return Candidate(trial, config)
                 if verdict == "full":  # the slots left are claimed by trials asked before this one
                     self._drop(trial)
-                    return _WAIT
+                    return WAIT
                 if verdict == "reuse":
                     self._reuse(trial, *previous)
                 else:  # "in flight": its result reaches the sampler when the trial measuring it ends

@@ -1,13 +1,29 @@
-"""A search over a plan's studies: worker threads measure each study's trials, the study's
-winner is judged against the default config, torch and the incumbent (best.json's entry, else
-the one shipped for this GPU), and kept winners are merged into best.json after each study.
+"""A search over a plan's studies, as a pipeline: compile processes take each study's configs
+as its sampler hands them out and compile them; one timing process per GPU checks and times
+them, one at a time. Each study's winner is judged against the default config, torch and the
+incumbent (best.json's entry, else the one shipped for this GPU), measured in the same run, and
+kept winners are merged into best.json as each study finishes.
+
+Why a pipeline: a trial's cost is mostly its compile (NVRTC or Triton, one thread each), and a
+GPU times one config at a time. So the compiles run on the host's cores at once, ahead of the
+timing, and a study whose budget is all handed out lets the next study's configs (its baselines
+first) start compiling. A measurement shares its GPU with no other measurement and no kernel
+of a compile (kernels_core.compile_only). A study's trials are timed after its baselines, so
+every row carries the default's and torch's times; the torch baseline of a call is timed once
+for all the backends' studies of it. How far ahead the compiles run is bounded (AHEAD_PER_GPU):
+a config asked for later is drawn by a sampler that knows more results.
+
+With --workers 0 there is no compile pool: each timing process compiles its trials itself,
+the serial baseline of the pipeline.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import threading
+import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -16,18 +32,26 @@ from tqdm import tqdm
 
 from autotune import console
 from autotune.errors import SearchError, SearchStopped
-from autotune.evaluate import Evaluator
+from autotune.evaluate import CompilePool, Evaluator, default_compilers
 from autotune.plan import Job, Plan
 from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
 from autotune.storage import (Heartbeat, counts_toward_budget, measured_elsewhere, open_storage, owner_dead,
                               reap_dead, shown_url)
-from autotune.studies import StudyRunner, best_trial, outcome_counts, study_name
+from autotune.studies import WAIT, WAIT_S, Candidate, StudyRunner, best_trial, outcome_counts, study_name
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
+from kernels_core.mlp import Call
 from kernels_core.provenance import COLUMNS as PROVENANCE, provenance, utc_now
 from kernels_core.store import choose_store, load_store, merge_into_store, store_path
 from kernels_core.targets import local_gpu
+
+# Compiled configs waiting for each timing process, at most: enough that a GPU never waits for a
+# compile while configs are being compiled, few enough that a study's sampler is asked late.
+AHEAD_PER_GPU = 4
+# The default compile pool: the host's cores but one per timing process and one for the search,
+# at most this many (each holds torch, a CUDA context and its compiler's memory).
+DEFAULT_MAX_COMPILERS = 16
 
 # A worker's crash, hang or failure to launch: counted against the worker, in a row
 # (--max-failures-in-a-row), since a lost GPU fails every config the same way.
@@ -53,14 +77,23 @@ class Search:
         self.storage = open_storage(args.storage)
         self.lock = threading.Lock()
         self.heartbeat = Heartbeat(self.storage)
-        self.pool = Evaluator(self.target.name, args.workers, args.timeout, args.out / "logs" / self.target.name)
+        logs = args.out / "logs" / self.target.name
+        self.pool = Evaluator(self.target.name, None, args.timeout, logs)  # one timing process per GPU
+        if args.workers is None:
+            args.workers = default_compilers(self.target.name, DEFAULT_MAX_COMPILERS)
+        self.compilers = CompilePool(self.target.name, args.workers, args.timeout, logs)
         self.prov = provenance()
         self.stop = threading.Event()
-        self.crashed: list[BaseException] = []  # what ended a worker thread other than its work running out
-        self.failures_in_a_row = [0] * len(self.pool)  # per worker, across studies
-        self.retired: dict[int, str] = {}  # workers given no more trials, and why
-        self.opened: list[tuple[Job, tuple]] = []  # each job of the plan with what open() made for it
+        self.crashed: list[BaseException] = []  # what ended a thread other than its work running out
+        self.failures_in_a_row: Counter = Counter()  # per worker ("compile"|"timing", index), across studies
+        self.retired: dict[tuple[str, int], str] = {}  # workers given no more trials, and why
+        self.lanes: list[Lane] = []  # each study of the plan, in the plan's order
+        self.cond = threading.Condition()  # guards the lanes' progress and the queue; never taken inside self.lock
+        self.queue: list[Timing] = []  # measurements waiting for a GPU
+        self.ahead = AHEAD_PER_GPU * len(self.pool)
+        self.torch_times: dict[Call, dict | list] = {}  # the torch baseline of a call: its result, or the lanes awaiting it
         self.summary: list[dict] = []
+        self.started = self.seconds = 0.0
         self.outcomes: Counter = Counter()  # this run's measured trials by status
         self.bar = None
 
@@ -97,7 +130,7 @@ class Search:
         name = self.args.study_prefix + key
         view = view_space(job.space, self.target, elt)
         sampler = make_sampler(self.args.sampler, self.args.seed, view.values,
-                               parallel=len(self.pool) > 1, valid=view.valid)
+                               parallel=len(self.pool) + len(self.compilers) > 1, valid=view.valid)
         with self.lock:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
@@ -129,39 +162,6 @@ class Search:
                     and (name, str(t.number)) not in have and owner_dead(t.user_attrs.get("owner"))):
                 self.csv.append(t.user_attrs["row"])
 
-    def baselines(self, job: Job, study: optuna.Study) -> dict:
-        """The default config's time, torch's, and the incumbent's: the config best.json (else the
-        store shipped for this GPU) already holds for this call (a valid one the study has not measured; the default's time when it is
-        the default), which the study's winner must beat in this run to replace (_write_best). A
-        re-tune after a kernel change, or with another seed or storage, draws other configs; its
-        best of a budget can be slower than the entry it would overwrite, and times recorded in
-        another run do not compare (experiments/FINDINGS.md, "Tuner budget and the study's winner"). A study resumed with a
-        larger budget has its own earlier winner among its trials, and judges it by its trial like
-        every other config."""
-        call, elt = job.call, DTYPES[job.call.dtype].itemsize
-        out = {}
-        config = job.space.default_for(self.target.arch)
-        problem = self.target.target_violation(job.space, config, elt)
-        first = self.live()[0]
-        default = {"status": "invalid", "error": problem} if problem else self.pool.evaluate(
-            first, call, job.backend, config, self.args.seed)
-        torch_ = self.pool.evaluate(first, call, "torch", None, self.args.seed)
-        measured = [("default", default), ("torch", torch_)]
-        incumbent = self._incumbent(job)
-        with self.lock:
-            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-        if incumbent is not None and incumbent not in tried:
-            out["incumbent"] = incumbent
-            same = not problem and incumbent == job.space.resolve(config, elt, self.target.arch)
-            measured.append(("incumbent", default if same else self.pool.evaluate(
-                first, call, job.backend, incumbent, self.args.seed)))
-        for label, result in measured:
-            if result.get("status") == "ok":
-                out[f"{label}_ms"] = result["time_ms"]
-            else:
-                out[f"{label}_problem"] = f"{result.get('status')}: {result.get('error')}"
-        return out
-
     def _incumbent(self, job: Job) -> dict | None:
         """The incumbent store's config for this call (best.json's, else the one shipped for this
         GPU), resolved, if the space and the target still take it."""
@@ -178,100 +178,292 @@ class Search:
             return None
         return None if self.target.target_violation(job.space, config, elt) else config
 
-    def run_study(self, job: Job, opened) -> None:
-        name, view, study, runner, baselines = opened
-        start_measured = runner.measured()
-        left = runner.left()
-        if left:
-            self.bar.set_description(f"{job.call.op}:{job.backend}:{job.call.dtype}:{job.call.key}")
-            baselines.update(self.baselines(job, study))
-            with self.lock:
-                study.set_user_attr("baselines", baselines)
-            threads = [threading.Thread(target=self._work, args=(runner, job, i), daemon=True)
-                       for i in self.live()]
-            for t in threads:
-                t.start()
-            try:
-                for t in threads:
-                    while t.is_alive():
-                        t.join(0.5)
-                if self.crashed:
-                    raise self.crashed[0]  # the search stops: a bug, or a study it cannot go on with
-            except KeyboardInterrupt:
-                self.stop.set()
-                self.pool.interrupt()  # unblocks the threads, which drop their trials
-                for t in threads:
-                    t.join(30)
-                raise
+    # -- the pipeline -----------------------------------------------------------------
+    def _activate(self, lane: Lane) -> None:
+        """Lists the study's baselines (under self.cond): the default config's time, torch's, and the
+        incumbent's: the config best.json (else the store shipped for this GPU) already holds for this
+        call (a valid one the study has not measured; the default's time when it is the default),
+        which the study's winner must beat in this run to replace (_write_best). A re-tune after a
+        kernel change, or with another seed or storage, draws other configs; its best of a budget can
+        be slower than the entry it would overwrite, and times recorded in another run do not compare
+        (experiments/FINDINGS.md, "Tuner budget and the study's winner"). A study resumed with a larger
+        budget has its own earlier winner among its trials, and judges it by its trial like every
+        other config."""
+        lane.activated = True
+        job, elt = lane.job, DTYPES[lane.job.call.dtype].itemsize
+        default = job.space.default_for(self.target.arch)
+        problem = self.target.target_violation(job.space, default, elt)
+        incumbent = self._incumbent(job)
+        with self.lock:
+            tried = [t.user_attrs.get("config") for t in lane.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        same = False
+        if incumbent is not None and incumbent not in tried:
+            lane.baselines["incumbent"] = incumbent
+            same = not problem and incumbent == job.space.resolve(default, elt, self.target.arch)
+            if not same:
+                lane.to_build.append((("incumbent",), incumbent))
+        if not problem:
+            lane.to_build.insert(0, (("default", "incumbent") if same else ("default",), default))
+        lane.waiting = len(lane.to_build) + 1  # and torch's
+        if problem:
+            lane.baselines["default_problem"] = f"invalid: {problem}"
+        shared = self.torch_times.get(job.call)
+        if isinstance(shared, dict):  # timed for another backend's study of the call
+            self._deliver(lane, ("torch",), shared)
+        elif shared is not None:
+            shared.append(lane)
         else:
-            baselines.update(study.user_attrs.get("baselines", {}))
-        done_now = runner.measured() - start_measured
-        self.bar.total -= max(0, left - done_now)
-        self.bar.refresh()
-        self._write_best(job, name, study, runner)
+            self.torch_times[job.call] = [lane]
+            self._enqueue(Timing(lane, "torch", None, self.args.seed, labels=("torch",)))
 
-    def live(self) -> list[int]:
-        """The workers still given trials; a SearchStopped when none is."""
-        live = [i for i in range(len(self.pool)) if i not in self.retired]
-        if not live:
+    def _deliver(self, lane: Lane, labels: tuple[str, ...], result: dict) -> None:
+        """A baseline's outcome (under self.cond)."""
+        for label in labels:
+            if result.get("status") == "ok":
+                lane.baselines[f"{label}_ms"] = result["time_ms"]
+            else:
+                lane.baselines[f"{label}_problem"] = f"{result.get('status')}: {result.get('error')}"
+        lane.waiting -= 1
+        if not lane.waiting:
+            with self.lock:
+                lane.study.set_user_attr("baselines", lane.baselines)
+        self.cond.notify_all()
+
+    def _enqueue(self, task: Timing) -> None:
+        self.queue.append(task)
+        self.cond.notify_all()
+
+    def _pick(self):
+        """What a compile process does next (under self.cond): ("baseline", lane, labels, config),
+        ("poll", lane): ask its study for a config, ("wait",), or None: no study has configs left."""
+        now, open_lanes = time.monotonic(), False
+        for lane in self.lanes:
+            if lane.finished or lane.asks_over:
+                continue
+            open_lanes = True
+            if not lane.activated:
+                self._activate(lane)
+            if lane.to_build:
+                return ("baseline", lane, *lane.to_build.pop(0))
+            if lane.saturated_until > now:
+                continue  # the rest of its budget is in flight: on to the next study
+            return ("wait",) if len(self.queue) >= self.ahead else ("poll", lane)
+        return ("wait",) if open_lanes else None
+
+    def _next_work(self, block: bool):
+        """("baseline", lane, labels, config) or ("trial", lane, candidate) to compile; None when no
+        study has configs left; ("wait",) when there is nothing yet and `block` is False."""
+        while not self.stop.is_set():
+            with self.cond:
+                pick = self._pick()
+                if pick is None or pick[0] == "baseline":
+                    return pick
+                if pick[0] == "wait":
+                    if not block:
+                        return pick
+                    self.cond.wait(WAIT_S)
+                    continue
+            lane = pick[1]
+            candidate = lane.runner.poll()
+            with self.cond:
+                if candidate is WAIT:
+                    lane.saturated_until = time.monotonic() + WAIT_S
+                    continue
+                if candidate is not None:
+                    lane.in_flight += 1
+                    return ("trial", lane, candidate)
+                lane.asks_over = True
+                finished = self._finished(lane)
+            if finished:
+                self._write_best(lane)
+        return None
+
+    def _finished(self, lane: Lane) -> bool:
+        """True once, when the study has nothing left to ask, time or tell (under self.cond)."""
+        if lane.finished or not lane.asks_over or lane.in_flight or lane.waiting:
+            return False
+        lane.finished = True
+        self.cond.notify_all()
+        return True
+
+    def _seed(self, candidate: Candidate) -> int:
+        return self.args.seed * 1_000_003 + candidate.trial.number + 1
+
+    def _produce(self, index: int | None, block: bool) -> str:
+        """One config compiled on compile process `index` (None: left to the timing process) and queued
+        for timing: "ok", "wait" (nothing to compile yet), or "done" (no study has configs left)."""
+        work = self._next_work(block)
+        if work is None:
+            return "done"
+        if work[0] == "wait":
+            return "wait"
+        kind, lane, *rest = work
+        call = lane.job.call
+        if kind == "baseline":
+            labels, config = rest
+            built = None if index is None else self.compilers.build(index, call, lane.job.backend, config, self.args.seed)
+            with self.cond:
+                if built is not None and not built.get("ok"):
+                    self._deliver(lane, labels, built)
+                    finished = self._finished(lane)
+                else:
+                    self._enqueue(Timing(lane, lane.job.backend, config, self.args.seed, labels=labels, built=built))
+                    finished = False
+            if finished:
+                self._write_best(lane)
+            return "ok"
+        (candidate,) = rest
+        if index is None:
+            with self.cond:
+                self._enqueue(Timing(lane, lane.job.backend, candidate.config, self._seed(candidate), candidate=candidate))
+            return "ok"
+        try:
+            built = self.compilers.build(index, call, lane.job.backend, candidate.config, self._seed(candidate))
+        except BaseException:
+            self._drop(lane, candidate)  # no outcome: the slot goes back to the budget
+            raise
+        if self.stop.is_set():
+            self._drop(lane, candidate)
+            return "done"
+        if built.get("ok"):
+            self._count_failure(("compile", index), built)
+            with self.cond:
+                self._enqueue(Timing(lane, lane.job.backend, candidate.config, self._seed(candidate),
+                                     candidate=candidate, built=built))
+            return "ok"
+        self._tell(lane, candidate, built)  # a config that does not compile is a trial's outcome
+        if self._count_failure(("compile", index), built):
+            self._check_workers()
+            return "done"
+        return "ok"
+
+    def _tell(self, lane: Lane, candidate: Candidate, result: dict) -> None:
+        lane.runner.complete(candidate, result)
+        with self.cond:
+            lane.in_flight -= 1
+            lane.saturated_until = 0.0  # a slot of its budget may be free again
+            finished = self._finished(lane)
+        if finished:
+            self._write_best(lane)
+
+    def _drop(self, lane: Lane, candidate: Candidate) -> None:
+        lane.runner.abandon(candidate)
+        with self.cond:
+            lane.in_flight -= 1
+            lane.saturated_until = 0.0
+
+    def _pop(self) -> Timing | None:
+        """The next measurement for a GPU (under self.cond): studies in the plan's order, a study's
+        baselines before its trials, which wait until every baseline of their study is timed."""
+        ready = [t for t in self.queue if t.labels or not t.lane.waiting]
+        if not ready:
+            return None
+        task = min(ready, key=lambda t: (t.lane.order, not t.labels))
+        self.queue.remove(task)
+        self.cond.notify_all()  # a slot ahead is free
+        return task
+
+    def _compile_loop(self, index: int) -> None:
+        while not self.stop.is_set() and ("compile", index) not in self.retired:
+            if self._produce(index, block=True) == "done":
+                return
+
+    def _time_loop(self, index: int) -> None:
+        compiling_here = not len(self.compilers)
+        while not self.stop.is_set() and ("timing", index) not in self.retired:
+            with self.cond:
+                task = self._pop()
+                if task is None:
+                    if all(lane.finished for lane in self.lanes):
+                        return
+                    if not compiling_here:
+                        self.cond.wait(WAIT_S)
+                        continue
+            if task is None:
+                if self._produce(None, block=False) != "ok":
+                    with self.cond:
+                        self.cond.wait(WAIT_S)
+                continue
+            self._time(index, task)
+
+    def _time(self, index: int, task: Timing) -> None:
+        lane, call = task.lane, task.lane.job.call
+        self.bar.set_description(f"{call.op}:{lane.job.backend}:{call.dtype}:{call.key}")
+        try:
+            result = self.pool.evaluate(index, call, task.backend, task.config, task.seed)
+        except BaseException:
+            if task.candidate is not None:
+                self._drop(lane, task.candidate)
+            raise
+        if task.built is not None:  # the compile's time, not the timing process's load from the disk cache
+            result["compile_s"] = task.built.get("compile_s")
+        if task.candidate is None:
+            with self.cond:
+                lanes = self.torch_times.pop(call) if task.backend == "torch" else [lane]
+                if task.backend == "torch":
+                    self.torch_times[call] = result
+                for waiting in lanes:
+                    self._deliver(waiting, task.labels, result)
+                finished = [w for w in lanes if self._finished(w)]
+            for done in finished:
+                self._write_best(done)
+            return
+        if self.stop.is_set():
+            self._drop(lane, task.candidate)
+            return
+        self._tell(lane, task.candidate, result)
+        if self._count_failure(("timing", index), result):
+            self._check_workers()
+
+    def _check_workers(self) -> None:
+        """A SearchStopped when no GPU is left to time on, or no compile process to compile on."""
+        timing = [i for i in range(len(self.pool)) if ("timing", i) not in self.retired]
+        compiling = [i for i in range(len(self.compilers)) if ("compile", i) not in self.retired]
+        if not timing or (len(self.compilers) and not compiling):
             raise SearchStopped("no worker left to run trials: " + "; ".join(self.retired.values())
                                 + ". The trials so far are saved: once the GPU works again, the same command resumes")
-        return live
 
-    def _count_failure(self, index: int, result: dict) -> bool:
+    def _count_failure(self, worker: tuple[str, int], result: dict) -> bool:
         """Counts a trial's outcome against its worker; True when the worker is to be set aside."""
         if result.get("status") not in WORKER_FAILURES:
-            self.failures_in_a_row[index] = 0
+            self.failures_in_a_row[worker] = 0
             return False
-        self.failures_in_a_row[index] += 1
-        n = self.failures_in_a_row[index]
+        self.failures_in_a_row[worker] += 1
+        n = self.failures_in_a_row[worker]
         if n < self.args.max_failures_in_a_row:
             return False
-        gpu = self.pool.workers[index][1]
-        why = (f"worker {index}{f' (GPU {gpu})' if gpu is not None else ''}: {n} trials in a row ended "
+        kind, index = worker
+        gpu = result.get("gpu")
+        why = (f"{kind} worker {index}{f' (GPU {gpu})' if gpu is not None else ''}: {n} trials in a row ended "
                f"{result['status']} (the last: {str(result.get('error'))[:200]})")
         with self.lock:
-            self.retired[index] = why
+            self.retired[worker] = why
         tqdm.write(f"{console.PREFIX}: {why}; it gets no more trials", file=sys.stderr)
         return True
 
-    def _work(self, runner: StudyRunner, job: Job, index: int) -> None:
+    def _guarded(self, loop, index: int) -> None:
         try:
-            self._work_loop(runner, job, index)
+            loop(index)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it
             self.crashed.append(exc)
             self.stop.set()
+            with self.cond:
+                self.cond.notify_all()
 
-    def _work_loop(self, runner: StudyRunner, job: Job, index: int) -> None:
-        while not self.stop.is_set():
-            candidate = runner.next_candidate(self.stop)
-            if candidate is None:
-                return
-            if self.stop.is_set():
-                runner.abandon(candidate)
-                return
-            try:
-                result = self.pool.evaluate(index, job.call, job.backend, candidate.config,
-                                            self.args.seed * 1_000_003 + candidate.trial.number + 1)
-            except BaseException:
-                runner.abandon(candidate)  # no outcome: the slot goes back to the budget
-                raise
-            if self.stop.is_set():
-                runner.abandon(candidate)
-                return
-            runner.complete(candidate, result)
-            if self._count_failure(index, result):
-                self.live()  # raises when no worker is left: the study cannot go on
-                return
-
-    def _write_best(self, job: Job, name: str, study: optuna.Study, runner: StudyRunner) -> None:
+    def _write_best(self, lane: Lane) -> None:
+        job, name, study, runner = lane.job, lane.name, lane.study, lane.runner
+        done_now = runner.measured() - lane.start_measured
         with self.lock:
+            # The bar counted the configs the study needed; an early end (all valid configs measured)
+            # leaves fewer.
+            self.bar.total -= max(0, lane.left - done_now)
+            self.bar.refresh()
             best = best_trial(study)
             counts = outcome_counts(study)
             measured = sum(v for k, v in counts.items() if k != "invalid")
         failures = {k: v for k, v in counts.items() if v and k not in ("ok", "invalid")}
-        baselines = study.user_attrs.get("baselines", {})
-        summary = {"op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
+        baselines = study_baselines(study)
+        summary = {"order": lane.order, "op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                    "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
                    "invalid": counts["invalid"], "note": (runner.ended or baselines.get("default_problem", ""))[:80]}
@@ -335,22 +527,88 @@ class Search:
 
     # -- the whole run ---------------------------------------------------------------
     def run(self) -> bool:
-        """Every study of the plan in turn; True when a Ctrl-C ended them (its trials in flight dropped)."""
-        self.opened = [(job, self.open(job)) for job in self.plan.jobs]
-        total = 0
-        for _, (_, _, _, runner, _) in self.opened:
-            total += runner.left()
+        """Every study of the plan; True when a Ctrl-C ended them (its trials in flight dropped)."""
+        for order, job in enumerate(self.plan.jobs):
+            name, _, study, runner, baselines = self.open(job)
+            left = runner.left()
+            self.lanes.append(Lane(order, job, name, study, runner, baselines, left, runner.measured()))
+        self.bar = console.bar(total=sum(lane.left for lane in self.lanes), unit="trial")
+        threads = [threading.Thread(target=self._guarded, args=(self._compile_loop, i), daemon=True)
+                   for i in range(len(self.compilers))]
+        threads += [threading.Thread(target=self._guarded, args=(self._time_loop, i), daemon=True)
+                    for i in range(len(self.pool))]
+        self.started = time.monotonic()
         interrupted = False
-        self.bar = console.bar(total=total, unit="trial")
         try:
-            for job, o in self.opened:
-                self.run_study(job, o)
+            for lane in self.lanes:
+                if not lane.left:  # finished in an earlier run: its entry is judged on what it recorded
+                    lane.baselines.update(study_baselines(lane.study))
+                    lane.activated = lane.asks_over = lane.finished = True
+                    self._write_best(lane)
+            for t in threads:
+                t.start()
+            try:
+                for t in threads:
+                    while t.is_alive():
+                        t.join(0.5)
+            finally:
+                if self.crashed or any(t.is_alive() for t in threads):  # a Ctrl-C, or a thread's end
+                    self.stop.set()
+                    self.pool.interrupt()  # unblocks the threads, which drop their trials
+                    self.compilers.interrupt()
+                    for t in threads:
+                        t.join(30)
+            if self.crashed:
+                raise self.crashed[0]  # the search stops: a bug, a Ctrl-C in a thread, or no worker left
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self.seconds = time.monotonic() - self.started
+            for task in self.queue:  # compiled, never timed: a later run measures them
+                if task.candidate is not None:
+                    task.lane.runner.abandon(task.candidate)
             self.bar.close()
             self.pool.close()
+            self.compilers.close()
             self.heartbeat.stop()
             self.csv.close()
+            self.summary.sort(key=lambda row: row.pop("order"))
         return interrupted
 
+
+def study_baselines(study: optuna.Study) -> dict:
+    return study.user_attrs.get("baselines", {})
+
+
+@dataclass(eq=False)
+class Lane:
+    """A study as it moves through the pipeline."""
+
+    order: int  # in the plan
+    job: Job
+    name: str
+    study: optuna.Study
+    runner: StudyRunner
+    baselines: dict  # the default's, torch's and the incumbent's times, as make_row reads them
+    left: int  # configs it needed measured when this run opened it
+    start_measured: int
+    activated: bool = False  # its baselines listed
+    to_build: list = field(default_factory=list)  # (labels, config) of baselines not yet compiled
+    waiting: int = 0  # baselines not yet timed: its trials wait for them
+    asks_over: bool = False  # its runner has no config left to hand out
+    saturated_until: float = 0.0  # the rest of its budget is in flight: not asked before this time
+    in_flight: int = 0  # configs handed out, outcome not yet told
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class Timing:
+    """A measurement waiting for a GPU: a baseline (labels) or a trial (candidate)."""
+
+    lane: Lane
+    backend: str
+    config: dict | None
+    seed: int
+    labels: tuple[str, ...] = ()
+    candidate: Candidate | None = None
+    built: dict | None = None  # the compile process's answer; None where the timing process compiles

@@ -9,6 +9,10 @@ stderr, the worker's log). The first line out is {"ready": true}.
    "activation", "fused_arg", "momentum", "config", "seed", "device"}
       fresh random inputs, then the first call (which compiles; the kernel
       libraries cache binaries on disk) -> compile_s and resource figures
+  {"cmd": "build", "backend", "op", ... as prepare}
+      the call's kernels compiled and loaded, none launched (kernels_core.compile_only),
+      on inputs of the call's shapes (kept for the next build of the same call)
+      -> compile_s; the process that times the config then finds them in the disk caches
   {"cmd": "measure", "reps", "max_seconds"}
       correctness of the prepared call against the float64 reference, then
       its time (kernels_core.timing; on a GPU, replays of a CUDA graph of a few
@@ -57,12 +61,20 @@ def classify(exc: BaseException) -> str:
     return "launch_error"
 
 
+def _call(req: dict):
+    from kernels_core.mlp import Call
+
+    return Call(req["op"], req["dtype"], tuple(req["shape"]), req.get("layout", ""), req.get("bias", False),
+                req.get("activation"), req.get("fused_arg"), req["momentum"])
+
+
 class Runner:
     def __init__(self):
         import torch
 
         self.torch = torch
         self.prepared = None
+        self.build_inputs = None  # (call, inputs) of the last build: a study builds many configs of one call
 
     def _sync(self, device) -> None:
         if device.type == "cuda":
@@ -86,14 +98,12 @@ class Runner:
     def prepare(self, req: dict) -> dict:
         from kernels_core import backends
         from autotune.workload import call_inputs, run
-        from kernels_core.mlp import Call
         from kernels_core import reference
 
         torch = self.torch
         self.prepared = None
         device = torch.device(req["device"])
-        call = Call(req["op"], req["dtype"], tuple(req["shape"]), req.get("layout", ""),
-                    req.get("bias", False), req.get("activation"), req.get("fused_arg"), req["momentum"])
+        call = _call(req)
         try:
             if req["backend"] == "torch":
                 module, fn, config = None, getattr(reference.native, call.op), None
@@ -119,6 +129,27 @@ class Runner:
                 report = {}
             answer.update({k: report.get(k) for k in ("registers", "smem_bytes", "spill_bytes")})
         return answer
+
+    def build(self, req: dict) -> dict:
+        from autotune.workload import call_inputs, run
+        from kernels_core import backends
+        from kernels_core.compile_only import compile_only
+
+        device = self.torch.device(req["device"])
+        call = _call(req)
+        try:
+            fn = getattr(backends.load(req["backend"]), call.op)
+            if self.build_inputs is None or self.build_inputs[0] != call:
+                generator = self.torch.Generator(device=device)
+                generator.manual_seed(int(req.get("seed", 0)))
+                self.build_inputs = (call, call_inputs(call, device, generator))
+            start = time.perf_counter()
+            with compile_only():  # what the kernels would compute does not matter: none runs
+                run(fn, call.op, self.build_inputs[1], req.get("config"))
+            self._sync(device)
+            return {"ok": True, "compile_s": time.perf_counter() - start}
+        except Exception as exc:  # see prepare
+            return self._failure(exc, device)
 
     def measure(self, req: dict) -> dict:
         from autotune.workload import check_result, expected, run

@@ -1,7 +1,8 @@
 """Stress the tuner's bookkeeping where processes die or share a study (CPU, no GPU).
 
 Two trials, repeated `--rounds` times each, with the test backend (tests/fake_backend.py)
-whose configs take `FAKE_COMPILE_S` to "compile", so kills land inside real trial work:
+whose configs take `FAKE_COMPILE_S` to "compile" (in the searches' compile pools, `--workers`),
+so kills land inside real trial work:
 - kill: a search is SIGKILLed at a random moment (up to 0.3 s after its CSV holds a random
   number of rows, 0 to budget - 1), then the same command is rerun;
 - share: two searches start at once on one new storage (two machines, in effect).
@@ -11,7 +12,7 @@ every process exiting 0. The storage is a new SQLite file per round, or with
 server (tests/postgres.py). One CSV row per round:
 experiments/results/cpu/stress_sharing[_postgresql].csv.
 
-    python -m experiments.stress_sharing --rounds 20 [--storage postgresql]
+    python -m experiments.stress_sharing --rounds 20 [--storage postgresql] [--workers 0]
 """
 from __future__ import annotations
 
@@ -37,15 +38,16 @@ from experiments.paths import results_dir
 BUDGET = 12
 
 
-def _search(out: Path, storage: str, seed: int) -> list[str]:
+def _search(out: Path, storage: str, seed: int, workers: int) -> list[str]:
     return [sys.executable, "-m", "autotune.search", "--out", str(out), "--storage", storage,
             "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
-            "--shapes", "16x16x16", "--sampler", "random", "--trials", str(BUDGET), "--seed", str(seed)]
+            "--shapes", "16x16x16", "--sampler", "random", "--trials", str(BUDGET), "--seed", str(seed),
+            "--workers", str(workers)]
 
 
-def _env() -> dict:
+def _env(tmp: Path) -> dict:
     return dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend", TRITON_INTERPRET="1",
-                FAKE_COMPILE_S="0.1")
+                FAKE_COMPILE_S="0.1", FAKE_CACHE_DIR=str(tmp))
 
 
 def _judge(csvs: list[Path]) -> dict:
@@ -61,13 +63,13 @@ def _told(logs: list[str]) -> int:
     return sum(int(m[1]) for log in logs for m in re.finditer(r"(\d+) suggestions of configs measured before", log))
 
 
-def kill_round(tmp: Path, rng: random.Random, storage: str) -> dict:
-    cmd = _search(tmp / "out", storage, 3)
+def kill_round(tmp: Path, rng: random.Random, storage: str, workers: int) -> dict:
+    cmd = _search(tmp / "out", storage, 3, workers)
     csv = tmp / "out" / "cpu" / "trials.csv"
     # By progress, not by the clock: start-up alone takes 2 to 5 s, with the machine's load.
     at_rows, extra_s = rng.randrange(BUDGET), rng.uniform(0, 0.3)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while proc.poll() is None and (csv.read_bytes().count(b"\n") - 1 if csv.exists() else 0) < at_rows:
         time.sleep(0.02)
     time.sleep(extra_s)
@@ -75,13 +77,13 @@ def kill_round(tmp: Path, rng: random.Random, storage: str) -> dict:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = _judge([csv])["measured"] if csv.exists() else 0
-    rerun = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
+    rerun = subprocess.run(cmd, cwd=REPO, env=_env(tmp), capture_output=True, text=True)
     return {"kill_after_s": round(kill_s, 2), "measured_before_kill": before,
             "exit_codes": str(rerun.returncode), "repeats_told": _told([rerun.stdout]), **_judge([csv])}
 
 
-def share_round(tmp: Path, rng: random.Random, storage: str) -> dict:
-    procs = [subprocess.Popen(_search(tmp / f"m{i}", storage, i), cwd=REPO, env=_env(), text=True,
+def share_round(tmp: Path, rng: random.Random, storage: str, workers: int) -> dict:
+    procs = [subprocess.Popen(_search(tmp / f"m{i}", storage, i, workers), cwd=REPO, env=_env(tmp), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for i in (1, 2)]
     logs = [p.communicate()[0] for p in procs]
     return {"kill_after_s": None, "measured_before_kill": None,
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--storage", choices=["sqlite", "postgresql"], default="sqlite",
                     help="a new SQLite file per round (default), or a new database per round on a local "
                          "PostgreSQL server started for the run")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="each search's compile processes (default 2; 0: its timing process compiles)")
     ap.add_argument("--out", type=Path, help="default experiments/results/cpu/stress_sharing[_postgresql].csv")
     args = ap.parse_args(argv)
     suffix = "" if args.storage == "sqlite" else f"_{args.storage}"
@@ -114,10 +118,10 @@ def main(argv=None) -> int:
             for i in tqdm(range(args.rounds), desc=kind):
                 with tempfile.TemporaryDirectory() as tmp:
                     storage = server.new_database() if server else f"sqlite:///{Path(tmp) / 't.db'}"
-                    row = run(Path(tmp), rng, storage)
+                    row = run(Path(tmp), rng, storage, args.workers)
                 row["ok"] = (row["measured"] == BUDGET and not row["configs_measured_twice"]
                              and not row["trials_in_two_rows"] and set(row["exit_codes"].split()) == {"0"})
-                rows.append({"kind": kind, "round": i, "storage": args.storage, **row, **prov})
+                rows.append({"kind": kind, "round": i, "storage": args.storage, "workers": args.workers, **row, **prov})
     table = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)

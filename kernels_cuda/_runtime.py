@@ -24,6 +24,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from kernels_core import compile_only
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NVRTC_OPTIONS = ("-std=c++17",)
 
@@ -206,6 +208,8 @@ def launch(variant: Variant, device: int, grid, block, args, smem: int = 0, *, f
         raise ValueError(f"config: needs {smem} bytes of shared memory per block, the GPU allows {smem_limit}")
     fn = function(variant, device, smem)
     _variant_of[for_] = variant
+    if compile_only.active():
+        return
     cp = cupy()
     with cp.cuda.Device(device), _stream(device):
         fn(tuple(grid), tuple(block), tuple(args), shared_mem=smem)

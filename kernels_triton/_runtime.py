@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kernels_core import contract
+from kernels_core import compile_only, contract
 from kernels_core.space import Space
 
 
@@ -109,9 +109,15 @@ def config_key(op: str, dtype: str, config: Mapping[str, int]) -> tuple:
 
 def launch(plan: Plan) -> None:
     device = next(v.device for v in plan.args.values() if isinstance(v, torch.Tensor))
+    if compile_only.active() and interpreting():
+        return  # the interpreter compiles nothing
     # Triton launches on the current device; tensors on another GPU need it switched.
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        compiled = plan.kernel[plan.grid](**plan.args, num_warps=plan.num_warps, num_stages=plan.num_stages)
+        if compile_only.active():  # the same specialization as a launch, so the launch finds it cached
+            compiled = plan.kernel.warmup(grid=plan.grid, **plan.args, num_warps=plan.num_warps,
+                                          num_stages=plan.num_stages)
+        else:
+            compiled = plan.kernel[plan.grid](**plan.args, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if compiled is not None:  # the interpreter returns nothing
         LAUNCHED[config_key(plan.op, plan.dtype, plan.config)] = compiled
 

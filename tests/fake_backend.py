@@ -4,7 +4,8 @@ Select it with AUTOTUNE_BACKENDS=fake=tests.fake_backend and --backends fake.
 relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
 3 hang, 4 process crash (FAKE_RELU_DEFAULT_MS slows its default config). matmul is correct for every config and is fastest
 at BLOCK_M=32, BLOCK_N=64, SPLIT=1 (FAKE_BEST=M,N,SPLIT moves it), so a search has something to find. FAKE_COMPILE_S
-makes each config's first call slow, like a real compile; FAKE_LOST_GPU=1 makes
+makes each config's first call slow, like a real compile (FAKE_CACHE_DIR keeps it compiled across
+processes, like the twins' disk caches); inside kernels_core.compile_only a call compiles and runs nothing; FAKE_LOST_GPU=1 makes
 every call kill its process, as every launch does on a GPU that fell off the bus.
 """
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from kernels_core import reference
+from kernels_core import compile_only, reference
 from kernels_core.contract import OPS
 from kernels_core.space import Space
 
@@ -53,10 +55,16 @@ def _resolve(op, config, dtype_bytes=4):
 
 
 def _compile(op, config) -> None:
+    """A config's first call sleeps FAKE_COMPILE_S; with FAKE_CACHE_DIR, only its first in any
+    process, as the twins' kernels are compiled once into their libraries' disk caches."""
     key = (op, tuple(sorted(config.items())))
-    if key not in _compiled:
+    cache = os.environ.get("FAKE_CACHE_DIR")
+    marker = Path(cache) / "-".join([op, *(f"{k}{v}" for k, v in key[1])]) if cache else None
+    if key not in _compiled and not (marker and marker.exists()):
         time.sleep(float(os.environ.get("FAKE_COMPILE_S", "0")))
-        _compiled.add(key)
+        if marker:  # who compiled it: the tuner's compile pool, or a call that ran
+            marker.write_text("compile_only" if compile_only.active() else "call")
+    _compiled.add(key)
 
 
 def relu(x, *, out=None, config=None):
@@ -65,6 +73,8 @@ def relu(x, *, out=None, config=None):
     if mode == 1:
         raise FakeCompileError(f"ptxas: too many resources requested (BLOCK={cfg['BLOCK']})")
     _compile("relu", cfg)
+    if compile_only.active():
+        return None
     if mode == 3:
         time.sleep(3600)
     if mode == 4:
@@ -82,6 +92,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
            accumulate="fp32", a_rows=None, relu_grad_of=None):
     cfg = _resolve("matmul", config, a.element_size())
     _compile("matmul", cfg)
+    if compile_only.active():
+        return None
     # A config-dependent cost, so the search has a best config to find: the best sleeps not at all,
     # every other config 2 ms or more a call, far above the scheduling noise of a loaded 2-core CI
     # machine (a 0.1 ms step once let a 0.2 ms config beat the 0.1 ms best in a median of five).
@@ -95,6 +107,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
 def _passthrough(op):
     def fn(*args, config=None, out=None, **kwargs):
         _resolve(op, config)
+        if compile_only.active():
+            return None
         return getattr(reference.native, op)(*args, **kwargs)
     fn.__name__ = op
     return fn

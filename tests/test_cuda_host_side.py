@@ -44,8 +44,9 @@ def fake_gpu(monkeypatch):
 
     def function(variant, device, smem):
         def fn(*args, **kwargs):
-            pass
+            fn.runs += 1
         fn.num_regs, fn.shared_size_bytes, fn.local_size_bytes = len(loaded) + 40, 128, 0
+        fn.runs = 0
         loaded[variant.name_expr] = fn
         rt._launched[(variant.source, variant.name_expr)] = (smem, fn)
         return fn
@@ -85,6 +86,24 @@ def test_elementwise_and_reductions_are_tagged_by_op_and_dtype(fake_gpu, rng):
     assert kc.resource_report("relu", "fp32", {"VEC": 2}) is None
     assert kc.resource_report("bias_grad", "fp16") is not None
     assert kc.resource_report("relu_backward", "fp16", {"VEC": 2}) is None
+
+
+def test_compile_only_loads_each_kernel_of_a_call_and_runs_none(fake_gpu, rng):
+    """The tuner's compile pool (kernels_core.compile_only): a split-K matmul's kernel and the
+    fused loss's are compiled and loaded, and launched only outside it."""
+    from kernels_core.compile_only import compile_only
+
+    a, b = torch.randn(40, 300, generator=rng), torch.randn(300, 24, generator=rng)
+    labels = torch.randint(0, 24, (40,), generator=rng)
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "THREAD_M": 4, "THREAD_N": 4,
+              "num_stages": 2, "GROUP_M": 8, "SPLIT_K": 4}
+    with compile_only():
+        kc.matmul(a, b, config=config)
+        kc.linear_cross_entropy(a, b, labels)
+    assert len(fake_gpu) == 2 and not any(fn.runs for fn in fake_gpu.values())
+    kc.matmul(a, b, config=config)
+    kc.linear_cross_entropy(a, b, labels)
+    assert all(fn.runs for fn in fake_gpu.values())
 
 
 def test_cuda_twin_names_the_bad_argument(fake_gpu):

@@ -224,6 +224,25 @@ def test_matmul_out_view(ops, device, rng, dtype):
     assert big[:, :2].isnan().all() and big[:, 2 + n:].isnan().all(), "wrote outside out"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compile_only_runs_no_kernel_and_the_next_call_computes(ops, device, rng, dtype):
+    """What the tuner's compile pool relies on (kernels_core.compile_only): inside it a call compiles
+    its kernels and runs none, so what it would write stays as it was; the same call outside computes."""
+    from kernels_core.compile_only import compile_only
+
+    m, n, k = 37, 45, 70
+    a, b = matmul_operands(rng, m, n, k, dtype, device, False, True)
+    x = randn(rng, (m, n), dtype, device)
+    out, y = poisoned((m, n), dtype, device), poisoned((m, n), dtype, device)
+    with compile_only():
+        ops.matmul(a, b, trans_b=True, out=out)
+        ops.relu(x, out=y)
+    assert out.isnan().all() and y.isnan().all(), "a kernel ran"
+    ops.matmul(a, b, trans_b=True, out=out)
+    assert_rel(out, exact.matmul(a, b, trans_b=True), matmul_tol(dtype, k))
+    assert torch.equal(ops.relu(x, out=y), native.relu(x))
+
+
 @pytest.mark.parametrize("m,n,k", [(64, 64, 64), (33, 129, 200)])
 def test_matmul_accumulate_fp16(ops, device, rng, m, n, k):
     a, b = matmul_operands(rng, m, n, k, "fp16", device, False, False)

@@ -64,7 +64,7 @@ ACCEPTED = {
     "--momentum": {"0": 0.0, "-0": 0.0, "1e-320": float("1e-320")},  # 0: the seed protocol's, without buffers
     "--seed": {"0": 0, "-0": 0},
     "--trials": {},
-    "--workers": {},
+    "--workers": {"0": 0, "-0": 0},  # no compile pool: the timing process compiles
     "--layers": {},
     "--batch-size": {},
     "--hidden": {},
@@ -76,7 +76,7 @@ BOUNDS = {
     "--momentum": ("0", "0.999", "-0.001", "1"),
     "--seed": ("0", str(2**32 - 1), "-1", str(2**32)),
     "--trials": ("1", "1000000", "0", "1000001"),
-    "--workers": ("1", "256", "0", "257"),
+    "--workers": ("0", "256", "-1", "257"),
     "--layers": ("1", "1024", "0", "1025"),
     "--batch-size": ("1", str(2**31 - 1), "0", str(2**31)),
     "--hidden": ("1", str(2**31 - 1), "0", str(2**31)),
@@ -150,6 +150,11 @@ def test_compile_only_for_the_cpu_target_is_refused_as_the_help_says(capsys):
                                          "fp32", "--shapes", "8x8"]))
     assert "cuda" not in plan.modules and any(line.startswith("cuda:") for line in plan.skipped)
     assert search.parse_args(["--compile-only", "--target", "sm_90"]).compile_only
+
+
+def test_compile_only_with_no_compile_process_is_refused(capsys):
+    refused(capsys, ["--compile-only", "--target", "sm_90", "--workers", "0"], "--workers 0", "no process would compile")
+    assert search.parse_args(["--compile-only", "--target", "sm_90", "--workers", "1"]).workers == 1
 
 
 @pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
