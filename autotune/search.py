@@ -25,6 +25,7 @@ from autotune import console
 try:  # a Ctrl-C while these load (torch takes a second or more) ends as one later does
     import argparse
     import math
+    import re
     from pathlib import Path
 
     import sqlalchemy.exc
@@ -267,6 +268,22 @@ def print_summary(search: Search, interrupted: bool) -> None:
     # Only files there are: an interrupted first run has no winner yet.
     best = search.best_path if search.best_path.exists() else "none yet: no study has finished with a config that ran"
     print(f"trials: {search.csv.path}\nbest:   {best}\nstudies: {shown_url(search.args.storage)}")
+
+
+SUMMARY_RATE = re.compile(r"Tuning took ([\d.]+) s: ([\d.]+) trials a second \((?:no compile pool|(\d+) compile "
+                          r"processes), (\d+) timing process(?:es)?, (\d+) cores\)")
+SUMMARY_TRIALS = re.compile(r"This run: (\d+) trials measured")
+
+
+def summary_figures(output: str) -> dict:
+    """The figures print_summary gave of the last search in `output`: trials, tuning_s,
+    trials_per_s, workers (compile processes), timing_processes, cores."""
+    rate, measured = SUMMARY_RATE.findall(output), SUMMARY_TRIALS.findall(output)
+    if not rate or not measured:
+        raise ValueError("no tuner summary in the output")
+    seconds, per_s, workers, timing, cores = rate[-1]
+    return {"trials": int(measured[-1]), "tuning_s": float(seconds), "trials_per_s": float(per_s),
+            "workers": int(workers or 0), "timing_processes": int(timing), "cores": int(cores)}
 
 
 def main(argv=None) -> int:

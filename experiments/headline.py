@@ -225,6 +225,7 @@ def steps_stage(p: Plan, store_path: Path | None, log) -> None:
 
 
 def tuning_stage(p: Plan, log) -> None:
+    from autotune.search import summary_figures
     from kernels_core.provenance import provenance
 
     with tempfile.TemporaryDirectory() as tmp, tqdm(total=1, desc="tuning", unit="run") as bar:
@@ -237,9 +238,11 @@ def tuning_stage(p: Plan, log) -> None:
             raise RuntimeError(f"autotune.search exited {done.returncode}: {done.stderr.strip()[-300:]}")
         trials = pd.concat([pd.read_csv(f) for f in Path(tmp).glob("*/trials.csv")])
         bar.update()
+    figures = summary_figures(done.stdout)
     row = {**provenance(), "command": " ".join(["python", *cmd[1:-2], "--out", "DIR"]),
            "studies": trials.study.nunique(), "trials": len(trials), "ok_trials": int((trials.status == "ok").sum()),
-           "wall_s": wall, "trials_per_s": len(trials) / wall}
+           "wall_s": wall, "trials_per_s": len(trials) / wall, "workers": figures["workers"],
+           "cores": figures["cores"]}
     pd.DataFrame([row]).to_csv(p.folder / "tuning.csv", index=False)
 
 

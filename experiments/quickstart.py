@@ -40,20 +40,31 @@ class CommandInterrupted(KeyboardInterrupt):
 
 
 def run(cmd: list[str], results: list) -> bool:
-    """Runs one CLI; a trainer run's summary (its JSON) goes with its result."""
+    """Runs one CLI, its output passed through; a trainer run's summary (its JSON), or a search's
+    own figures (trials, rate), goes with its result."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
-    command = subprocess.Popen(cmd)
+    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    printed = []
     try:
+        for line in command.stdout:
+            sys.stdout.write(line)
+            printed.append(line)
         ok = command.wait() == 0
     except KeyboardInterrupt:
         # A Ctrl-C reaches the whole process group: the command stops on its own and says in one
         # line what it kept, which it could not if it were killed first.
+        for line in command.stdout:
+            sys.stdout.write(line)
         command.wait()
         raise CommandInterrupted from None
     new = sorted(set((OUT / "runs").glob("*.json")) - before)
     summary = json.loads(new[-1].read_text())["summary"] if ok and new else None
+    if ok and cmd[1:3] == ["-m", "autotune.search"] and "--compile-only" not in cmd:
+        from autotune.search import summary_figures
+
+        summary = {"tuning": summary_figures("".join(printed))}
     results.append((shlex.join(cmd[2:]), "ok" if ok else "FAILED", time.time() - t0, summary))
     return ok
 
@@ -66,7 +77,11 @@ def _duration(seconds: float) -> str:
 def summary_lines(results: list, outputs: list[str], skipped: list[str], next_cmd: str) -> list[str]:
     lines = ["", "=== quickstart summary ==="]
     lines += [f"{status:7} {seconds:7.1f}s  {cmd}" for cmd, status, seconds, _ in results]
-    trained = [s for _, _, _, s in results if s]
+    lines += [f"total   {sum(seconds for _, _, seconds, _ in results):7.1f}s"]
+    for t in (s["tuning"] for _, _, _, s in results if s and "tuning" in s):
+        lines += ["", f"tuning: {t['trials']} trials in {t['tuning_s']:.1f} s, {t['trials_per_s']:.2f} a second "
+                      f"({t['workers']} compile processes, {t['timing_processes']} timing, {t['cores']} cores)"]
+    trained = [s for _, _, _, s in results if s and "backend" in s]
     if trained:
         lines += ["", "training runs (step time: median; the CSV has every step's loss and time):"]
         lines += [f"  {s['backend']:6} H={s['hidden']:<5} {s['steps']:5} steps  test accuracy {s['test_accuracy']:7.2%}  "

@@ -185,10 +185,18 @@ def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
     return lines
 
 
+def pool(t: pd.Series) -> str:
+    """The tuner's processes, where the run recorded them."""
+    if "workers" not in t or t.workers != t.workers:
+        return ""
+    compiling = f"{int(t.workers)} compile processes" if t.workers else "no compile pool"
+    return f" ({compiling}, one timing process per GPU, {int(t.cores)} cores)"
+
+
 def tuning_section(df: pd.DataFrame, commit: str) -> list[str]:
     t = df.iloc[0]
     return [f"### Tuning cost (commit {commit})", "",
-            f"`{t.command}` (the default workers: one per GPU): {int(t.trials)} trials ({int(t.ok_trials)} valid) in "
+            f"`{t.command}`{pool(t)}: {int(t.trials)} trials ({int(t.ok_trials)} valid) in "
             f"{int(t.studies)} studies, {t.wall_s:.0f} s of wall time, {t.trials_per_s:.2f} trials per second.", ""]
 
 

@@ -256,3 +256,38 @@ def test_ksweep_splits_each_line_into_its_fixed_and_per_step_parts(rng):
     for key, (fixed, step) in lines.items():
         assert abs(got.loc[key, "fixed_us"] - fixed) < 1e-9 and abs(got.loc[key, "step_us"] - step) < 1e-9
         assert got.loc[key, "points"] == 4 and got.loc[key, "worst_resid_us"] < 1e-9
+
+
+@pytest.mark.slow  # the tuner in a subprocess
+def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_winner(tmp_path):
+    """tuning_speed's figures are the tuner's own: its summary of a real run (the fake backend on the
+    cpu target, through a compile pool of two) and its trials' fastest config per study."""
+    import os
+    import subprocess
+    import sys
+
+    from autotune.evaluate import host_cores
+    from autotune.search import summary_figures
+    from experiments import tuning_speed
+
+    env = dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend", TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "autotune.search", "--out", str(tmp_path), "--target", "cpu",
+                           "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes", "8x16x8,16x8x24",
+                           "--sampler", "random", "--trials", "3", "--workers", "2"],
+                          cwd=paths.RESULTS.parent.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = summary_figures(done.stdout)
+    assert figures["trials"] == 6 and figures["workers"] == 2 and figures["timing_processes"] == 1
+    assert figures["cores"] == host_cores() and figures["trials_per_s"] == pytest.approx(6 / figures["tuning_s"],
+                                                                                         rel=0.05, abs=0.01)
+    rows = pd.read_csv(tmp_path / "cpu" / "trials.csv")
+    won = tuning_speed.study_winners(tmp_path / "cpu" / "trials.csv")
+    assert list(won.index) == sorted(rows.study.unique())
+    for study, best in won.iterrows():
+        mine = rows[(rows.study == study) & (rows.status == "ok")]
+        fastest = mine.loc[mine.time_ms.idxmin()]
+        assert best.time_ms == fastest.time_ms
+        assert best.config == '{"BLOCK_M": %d, "BLOCK_N": %d, "SPLIT": %d}' % (
+            fastest.BLOCK_M, fastest.BLOCK_N, fastest.SPLIT)
+    with pytest.raises(ValueError, match="no tuner summary"):
+        summary_figures(done.stdout.replace("Tuning took", "Tuned in"))

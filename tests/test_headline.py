@@ -42,7 +42,7 @@ def fake_run(folder, cublas_ms=2.0, twin_ms=(1.0, 4.0), steps=None):
         _write(folder, compare.csv_name(protocol),
                [dict(r, protocol=protocol, dtype=p.dtype, layers=p.layers) for r in rows])
     _write(folder, "tuning.csv", [dict(command="python -m autotune.search ... --out DIR", studies=20, trials=80,
-                                       ok_trials=70, wall_s=50.0, trials_per_s=1.6)])
+                                       ok_trials=70, wall_s=50.0, trials_per_s=1.6, workers=14, cores=16)])
     _write(folder, "stages.csv", [dict(stage="kernels", seconds=60.0, status="ok", config_store="store.json"),
                                   dict(stage="steps", seconds=240.0, status="ok", config_store="store.json")])
 
@@ -71,7 +71,8 @@ def test_the_section_shows_one_run_and_names_its_commit_once_per_table(results):
     assert "| torch-compile-max-graph | `--full` | `--full` |" in text
     assert "| 128 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 |" in text
     assert "| 256 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 | ~5.2× |" in text
-    assert "80 trials (70 valid) in 20 studies, 50 s of wall time, 1.60 trials per second" in text
+    assert ("--out DIR` (14 compile processes, one timing process per GPU, 16 cores): 80 trials (70 valid) in 20 "
+            "studies, 50 s of wall time, 1.60 trials per second") in text
 
 
 def test_a_section_mixing_commits_or_repeating_a_row_is_refused(results):

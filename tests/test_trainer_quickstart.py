@@ -35,7 +35,7 @@ def test_summary_names_outputs_accuracy_step_time_and_the_next_command(tmp_path,
 
 @pytest.mark.parametrize("argv", [["--trials", "0"], ["--trials", "-1"], ["--trials", "abc"], ["--trails", "3"]])
 def test_a_bad_flag_is_one_line_and_runs_nothing(argv, monkeypatch, capsys):
-    monkeypatch.setattr(quickstart.subprocess, "Popen", lambda cmd: pytest.fail(f"ran {cmd}"))
+    monkeypatch.setattr(quickstart.subprocess, "Popen", lambda cmd, **pipes: pytest.fail(f"ran {cmd}"))
     with pytest.raises(SystemExit) as exc:
         quickstart.main(argv)
     err = capsys.readouterr().err
@@ -56,8 +56,8 @@ def test_ctrl_c_waits_for_the_command_to_report_it_and_ends_in_130(tmp_path, mon
     class CtrlCInTheCommand:
         """A command the Ctrl-C reached as well: it ends with 130 once it has said what it kept."""
 
-        def __init__(self, cmd):
-            pass
+        def __init__(self, cmd, **pipes):
+            self.stdout = []  # it printed nothing before the Ctrl-C
 
         def wait(self):
             waits.append(1)
@@ -73,9 +73,28 @@ def test_ctrl_c_waits_for_the_command_to_report_it_and_ends_in_130(tmp_path, mon
 
 
 def test_ctrl_c_between_commands_is_one_line_and_130(tmp_path, monkeypatch, capsys):
-    def interrupted(cmd):
+    def interrupted(cmd, **pipes):
         raise KeyboardInterrupt
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(quickstart.subprocess, "Popen", interrupted)
     assert main_not_raising() == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.slow  # the tuner in a subprocess
+def test_the_summary_gives_the_tuning_steps_trials_and_rate_and_the_total_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    results: list = []
+    assert quickstart.run([sys.executable, "-m", "autotune.search", "--target", "cpu", "--backends", "fake", "--ops",
+                           "matmul", "--dtypes", "fp32", "--shapes", "8x16x8", "--trials", "3", "--sampler", "random"],
+                          results)
+    ((_, _, seconds, summary),) = results
+    tuning = summary["tuning"]
+    assert tuning["trials"] == 3 and tuning["workers"] == 0 and 0 < tuning["tuning_s"] < seconds
+    lines = quickstart.summary_lines(results, [], [], "python -m x")
+    assert f"tuning: 3 trials in {tuning['tuning_s']:.1f} s, {tuning['trials_per_s']:.2f} a second " \
+           f"(0 compile processes, 1 timing, {tuning['cores']} cores)" in lines
+    assert f"total   {seconds:7.1f}s" in lines
