@@ -295,6 +295,22 @@ def test_two_machines_share_a_study_through_one_storage(tmp_path, storage_url):
     assert sum(this_run(log)[0] for log in logs) == 12
 
 
+@pytest.mark.gpu
+def test_both_twins_tune_on_the_gpu_through_the_compile_pool(tmp_path):
+    """The real twins on the GPU, through two compile processes and the timing process: every study
+    measures its budget, each trial correct, and records the compile process's compile time."""
+    cache = {var: str(tmp_path / var) for var in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR")}  # cold: every config compiles
+    result = subprocess.run(
+        cli(tmp_path, "--backends", "cuda,triton", "--ops", "matmul,relu", "--dtypes", "fp16", "--shapes",
+            "96x80x72,70x130", "--sampler", "random", "--trials", "3", "--workers", "2"),
+        cwd=REPO, env=dict(os.environ, **cache), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = counted(trials(tmp_path, next(p.name for p in (tmp_path / "out").iterdir() if p.name != "logs")))
+    assert rows.groupby("study").size().tolist() == [3] * 4 and (rows["status"] == "ok").all(), rows
+    assert (rows["compile_s"] > 0).all() and rows["default_ms"].notna().all() and rows["torch_ms"].notna().all()
+    assert "2 compile processes, 1 timing process" in result.stdout
+
+
 def test_timing_without_a_gpu_is_refused_with_what_to_run(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -228,6 +228,19 @@ def test_matmul_out_view(ops, device, rng, dtype):
 def test_compile_only_runs_no_kernel_and_the_next_call_computes(ops, device, rng, dtype):
     """What the tuner's compile pool relies on (kernels_core.compile_only): inside it a call compiles
     its kernels and runs none, so what it would write stays as it was; the same call outside computes."""
+    compile_only_then_compute(ops, device, rng, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_compile_only_on_the_gpu_compiles_through_warmup(device, rng, dtype):
+    """The Triton twin's compiled path (JITFunction.warmup), which the interpreter does not take."""
+    import kernels_triton
+
+    compile_only_then_compute(kernels_triton, device, rng, dtype)
+
+
+def compile_only_then_compute(ops, device, rng, dtype):
     from kernels_core.compile_only import compile_only
 
     m, n, k = 37, 45, 70

@@ -383,6 +383,35 @@ def test_ctrl_c_in_compile_only_stops_cleanly_and_the_next_run_resumes(tmp_path,
     assert len(rows) == 36 and not rows.duplicated(["study", "trial"]).any()
 
 
+@pytest.mark.slow  # the tuner in subprocesses
+def test_ctrl_c_in_a_search_through_the_compile_pool_drops_the_trials_in_flight_and_the_rerun_finishes(
+        tmp_path, interruptible):
+    env = dict(os.environ, AUTOTUNE_BACKENDS="fake=tests.fake_backend", TRITON_INTERPRET="1", FAKE_COMPILE_S="0.5",
+               FAKE_CACHE_DIR=str(tmp_path))
+    env.pop("KERNEL_TEST_SEED", None)
+    cmd = [sys.executable, "-m", "autotune.search", "--out", str(tmp_path / "out"), "--target", "cpu",
+           "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes", "16x16x16,8x16x24",
+           "--sampler", "random", "--trials", "6", "--workers", "2"]
+    csv = tmp_path / "out" / "cpu" / "trials.csv"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
+    deadline = time.monotonic() + 120
+    while not (csv.exists() and len(read(csv)) >= 2) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted: trials in flight were dropped" in out, out + err
+    first = len(read(csv))
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = read(csv)
+    measured = rows[rows["status"] != "invalid"]
+    assert 2 <= first < len(rows) and measured.groupby("study").size().tolist() == [6, 6]
+    assert not rows.duplicated(["study", "trial"]).any()
+    assert not measured.duplicated(["study", "BLOCK_M", "BLOCK_N", "SPLIT"]).any()
+
+
 def test_one_run_tunes_the_calls_of_several_widths_once_each():
     from kernels_core.mlp import mlp_calls
 
