@@ -110,7 +110,7 @@ class StudyRunner:
     def left(self) -> int:
         """Configs the study still needs measured: the budget not yet finished, capped by the
         valid configs not yet measured. Trials in flight elsewhere are not deducted: their
-        processes may die, and a runner waits for them (next_candidate)."""
+        processes may die: next_candidate waits for them, poll answers WAIT."""
         with self.lock:
             trials = self.study.get_trials(deepcopy=False)
         left = self.budget - sum(counts_toward_budget(t) for t in trials)

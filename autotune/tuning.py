@@ -7,11 +7,13 @@ kept winners are merged into best.json as each study finishes.
 Why a pipeline: a trial's cost is mostly its compile (NVRTC or Triton, one thread each), and a
 GPU times one config at a time. So the compiles run on the host's cores at once, ahead of the
 timing, and a study whose budget is all handed out lets the next study's configs (its baselines
-first) start compiling. A measurement shares its GPU with no other measurement and no kernel
-of a compile (kernels_core.compile_only). A study's trials are timed after its baselines, so
-every row carries the default's and torch's times; the torch baseline of a call is timed once
-for all the backends' studies of it. How far ahead the compiles run is bounded (AHEAD_PER_GPU):
-a config asked for later is drawn by a sampler that knows more results.
+first) start compiling. A measurement shares its GPU with no other measurement and with none of
+the kernels the compiles build (kernels_core.compile_only; a compile process's own small torch
+work, its inputs' random fill and a wrapper's allocations, still runs on its GPU). A study's
+trials are timed after its baselines, so every timed row carries the default's and torch's
+times; the torch baseline of a call is timed once for all the backends' studies of it. How far
+ahead the compiles run is bounded (AHEAD_PER_GPU): a config asked for later is drawn by a sampler
+that knows more results.
 
 With --workers 0 there is no compile pool: each timing process compiles its trials itself,
 the serial baseline of the pipeline.
@@ -72,8 +74,10 @@ class Search:
         local = local_gpu()
         # The configs each winner must beat: best.json's, else those shipped for this GPU.
         self.incumbents = choose_store(args.out, self.target.name, local[1] if local else None)
-        if self.incumbents.path is not None:
-            load_store(self.incumbents.path, self.target)  # refuse to build on a broken file
+        # Loaded once (refusing a broken file before any work): a study writes only its own call's
+        # entry, so what the later studies of the run find there is what the run started with.
+        self.incumbent_entries = {} if self.incumbents.path is None else \
+            load_store(self.incumbents.path, self.target).entries
         self.storage = open_storage(args.storage)
         self.lock = threading.Lock()
         self.heartbeat = Heartbeat(self.storage)
@@ -165,10 +169,7 @@ class Search:
     def _incumbent(self, job: Job) -> dict | None:
         """The incumbent store's config for this call (best.json's, else the one shipped for this
         GPU), resolved, if the space and the target still take it."""
-        if self.incumbents.path is None:
-            return None
-        entry = load_store(self.incumbents.path, self.target).entries.get(
-            (job.call.op, job.backend, job.call.dtype, job.call.key))
+        entry = self.incumbent_entries.get((job.call.op, job.backend, job.call.dtype, job.call.key))
         if entry is None:
             return None
         elt = DTYPES[job.call.dtype].itemsize
@@ -194,19 +195,16 @@ class Search:
         default = job.space.default_for(self.target.arch)
         problem = self.target.target_violation(job.space, default, elt)
         incumbent = self._incumbent(job)
-        with self.lock:
-            tried = [t.user_attrs.get("config") for t in lane.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-        same = False
-        if incumbent is not None and incumbent not in tried:
+        if incumbent is not None and incumbent not in lane.tried:
             lane.baselines["incumbent"] = incumbent
-            same = not problem and incumbent == job.space.resolve(default, elt, self.target.arch)
-            if not same:
+            if problem or incumbent != job.space.resolve(default, elt, self.target.arch):
                 lane.to_build.append((("incumbent",), incumbent))
-        if not problem:
-            lane.to_build.insert(0, (("default", "incumbent") if same else ("default",), default))
-        lane.waiting = len(lane.to_build) + 1  # and torch's
         if problem:
             lane.baselines["default_problem"] = f"invalid: {problem}"
+        else:
+            same = "incumbent" in lane.baselines and not lane.to_build
+            lane.to_build.insert(0, (("default", "incumbent") if same else ("default",), default))
+        lane.waiting = len(lane.to_build) + 1  # and torch's
         shared = self.torch_times.get(job.call)
         if isinstance(shared, dict):  # timed for another backend's study of the call
             self._deliver(lane, ("torch",), shared)
@@ -217,17 +215,29 @@ class Search:
             self._enqueue(Timing(lane, "torch", None, self.args.seed, labels=("torch",)))
 
     def _deliver(self, lane: Lane, labels: tuple[str, ...], result: dict) -> None:
-        """A baseline's outcome (under self.cond)."""
+        """A baseline's outcome (under self.cond); the caller then calls _settle."""
         for label in labels:
             if result.get("status") == "ok":
                 lane.baselines[f"{label}_ms"] = result["time_ms"]
             else:
                 lane.baselines[f"{label}_problem"] = f"{result.get('status')}: {result.get('error')}"
         lane.waiting -= 1
-        if not lane.waiting:
+
+    def _settle(self, lanes: list[Lane]) -> None:
+        """For each lane whose baselines are all in: stores them with its study (a resumed run reads
+        them), opens its trials to the timing processes, and writes its best if nothing else is left.
+        Not under self.cond: the storage may keep self.lock a while."""
+        ready = [lane for lane in lanes if lane.activated and not lane.waiting and not lane.baselines_stored]
+        for lane in ready:
             with self.lock:
                 lane.study.set_user_attr("baselines", lane.baselines)
-        self.cond.notify_all()
+        with self.cond:
+            for lane in ready:
+                lane.baselines_stored = True
+            finished = [lane for lane in lanes if self._finished(lane)]
+            self.cond.notify_all()
+        for lane in finished:
+            self._write_best(lane)
 
     def _enqueue(self, task: Timing) -> None:
         self.queue.append(task)
@@ -235,7 +245,8 @@ class Search:
 
     def _pick(self):
         """What a compile process does next (under self.cond): ("baseline", lane, labels, config),
-        ("poll", lane): ask its study for a config, ("wait",), or None: no study has configs left."""
+        ("settle", lane): store its baselines, ("poll", lane): ask its study for a config, ("wait",), or
+        None: no study has configs left."""
         now, open_lanes = time.monotonic(), False
         for lane in self.lanes:
             if lane.finished or lane.asks_over:
@@ -243,16 +254,22 @@ class Search:
             open_lanes = True
             if not lane.activated:
                 self._activate(lane)
+                if not lane.waiting:  # every baseline known already (torch's timed for another study)
+                    return ("settle", lane)
             if lane.to_build:
                 return ("baseline", lane, *lane.to_build.pop(0))
             if lane.saturated_until > now:
                 continue  # the rest of its budget is in flight: on to the next study
-            return ("wait",) if len(self.queue) >= self.ahead else ("poll", lane)
+            if len(self.queue) >= self.ahead:
+                return ("wait",)
+            lane.polling += 1
+            return ("poll", lane)
         return ("wait",) if open_lanes else None
 
     def _next_work(self, block: bool):
         """("baseline", lane, labels, config) or ("trial", lane, candidate) to compile; None when no
-        study has configs left; ("wait",) when there is nothing yet and `block` is False."""
+        study has configs left, or the search stops; ("wait",) when there is nothing yet and `block`
+        is False."""
         while not self.stop.is_set():
             with self.cond:
                 pick = self._pick()
@@ -264,7 +281,14 @@ class Search:
                     self.cond.wait(WAIT_S)
                     continue
             lane = pick[1]
-            candidate = lane.runner.poll()
+            if pick[0] == "settle":
+                self._settle([lane])
+                continue
+            try:
+                candidate = lane.runner.poll()
+            finally:
+                with self.cond:
+                    lane.polling -= 1
             with self.cond:
                 if candidate is WAIT:
                     lane.saturated_until = time.monotonic() + WAIT_S
@@ -279,8 +303,10 @@ class Search:
         return None
 
     def _finished(self, lane: Lane) -> bool:
-        """True once, when the study has nothing left to ask, time or tell (under self.cond)."""
-        if lane.finished or not lane.asks_over or lane.in_flight or lane.waiting:
+        """True once, when the study has nothing left to ask, time or tell (under self.cond). Not
+        while the search stops: a study cut short is judged by the run that finishes it."""
+        if (lane.finished or self.stop.is_set() or not lane.asks_over or lane.polling or lane.in_flight
+                or not lane.baselines_stored):
             return False
         lane.finished = True
         self.cond.notify_all()
@@ -291,34 +317,35 @@ class Search:
 
     def _produce(self, index: int | None, block: bool) -> str:
         """One config compiled on compile process `index` (None: left to the timing process) and queued
-        for timing: "ok", "wait" (nothing to compile yet), or "done" (no study has configs left)."""
+        for timing: "ok", "wait" (nothing to compile yet), or "done": no study has configs left, the
+        search stops, or this compile process was set aside."""
         work = self._next_work(block)
         if work is None:
             return "done"
         if work[0] == "wait":
             return "wait"
         kind, lane, *rest = work
-        call = lane.job.call
+        call, backend = lane.job.call, lane.job.backend
         if kind == "baseline":
             labels, config = rest
-            built = None if index is None else self.compilers.build(index, call, lane.job.backend, config, self.args.seed)
+            built = None if index is None else self.compilers.build(index, call, backend, config, self.args.seed)
+            if self.stop.is_set():
+                return "done"
             with self.cond:
-                if built is not None and not built.get("ok"):
-                    self._deliver(lane, labels, built)
-                    finished = self._finished(lane)
-                else:
-                    self._enqueue(Timing(lane, lane.job.backend, config, self.args.seed, labels=labels, built=built))
-                    finished = False
-            if finished:
-                self._write_best(lane)
+                if built is None or built.get("ok"):
+                    self._enqueue(Timing(lane, backend, config, self.args.seed, labels=labels, built=built))
+                    return "ok"
+                self._deliver(lane, labels, built)  # the config does not compile: that is its baseline
+            self._settle([lane])
             return "ok"
         (candidate,) = rest
+        seed = self._seed(candidate)
         if index is None:
             with self.cond:
-                self._enqueue(Timing(lane, lane.job.backend, candidate.config, self._seed(candidate), candidate=candidate))
+                self._enqueue(Timing(lane, backend, candidate.config, seed, candidate=candidate))
             return "ok"
         try:
-            built = self.compilers.build(index, call, lane.job.backend, candidate.config, self._seed(candidate))
+            built = self.compilers.build(index, call, backend, candidate.config, seed)
         except BaseException:
             self._drop(lane, candidate)  # no outcome: the slot goes back to the budget
             raise
@@ -328,8 +355,7 @@ class Search:
         if built.get("ok"):
             self._count_failure(("compile", index), built)
             with self.cond:
-                self._enqueue(Timing(lane, lane.job.backend, candidate.config, self._seed(candidate),
-                                     candidate=candidate, built=built))
+                self._enqueue(Timing(lane, backend, candidate.config, seed, candidate=candidate, built=built))
             return "ok"
         self._tell(lane, candidate, built)  # a config that does not compile is a trial's outcome
         if self._count_failure(("compile", index), built):
@@ -339,23 +365,26 @@ class Search:
 
     def _tell(self, lane: Lane, candidate: Candidate, result: dict) -> None:
         lane.runner.complete(candidate, result)
-        with self.cond:
-            lane.in_flight -= 1
-            lane.saturated_until = 0.0  # a slot of its budget may be free again
-            finished = self._finished(lane)
-        if finished:
-            self._write_best(lane)
+        self._release(lane)
 
     def _drop(self, lane: Lane, candidate: Candidate) -> None:
         lane.runner.abandon(candidate)
+        self._release(lane)
+
+    def _release(self, lane: Lane) -> None:
+        """A candidate of the lane told or given back: a slot of its budget may be free again."""
         with self.cond:
             lane.in_flight -= 1
             lane.saturated_until = 0.0
+            finished = self._finished(lane)
+            self.cond.notify_all()
+        if finished:
+            self._write_best(lane)
 
     def _pop(self) -> Timing | None:
         """The next measurement for a GPU (under self.cond): studies in the plan's order, a study's
-        baselines before its trials, which wait until every baseline of their study is timed."""
-        ready = [t for t in self.queue if t.labels or not t.lane.waiting]
+        baselines before its trials, which wait until every baseline of their study is in."""
+        ready = [t for t in self.queue if t.labels or t.lane.baselines_stored]
         if not ready:
             return None
         task = min(ready, key=lambda t: (t.lane.order, not t.labels))
@@ -397,6 +426,10 @@ class Search:
             raise
         if task.built is not None:  # the compile's time, not the timing process's load from the disk cache
             result["compile_s"] = task.built.get("compile_s")
+        if self.stop.is_set():  # the workers were killed: an outcome now would be theirs, not the config's
+            if task.candidate is not None:
+                self._drop(lane, task.candidate)
+            return
         if task.candidate is None:
             with self.cond:
                 lanes = self.torch_times.pop(call) if task.backend == "torch" else [lane]
@@ -404,12 +437,7 @@ class Search:
                     self.torch_times[call] = result
                 for waiting in lanes:
                     self._deliver(waiting, task.labels, result)
-                finished = [w for w in lanes if self._finished(w)]
-            for done in finished:
-                self._write_best(done)
-            return
-        if self.stop.is_set():
-            self._drop(lane, task.candidate)
+            self._settle(lanes)
             return
         self._tell(lane, task.candidate, result)
         if self._count_failure(("timing", index), result):
@@ -462,7 +490,7 @@ class Search:
             counts = outcome_counts(study)
             measured = sum(v for k, v in counts.items() if k != "invalid")
         failures = {k: v for k, v in counts.items() if v and k not in ("ok", "invalid")}
-        baselines = study_baselines(study)
+        baselines = study.user_attrs.get("baselines", {})
         summary = {"order": lane.order, "op": job.call.op, "backend": job.backend, "dtype": job.call.dtype, "shape": job.call.key,
                    "best config": "-", "time_ms": None, "vs default": None, "vs torch": None,
                    "trials": measured, "failures": ", ".join(f"{k}:{v}" for k, v in failures.items()) or "-",
@@ -502,8 +530,7 @@ class Search:
                             "note": f"{self._incumbent_name()} entry kept: the study's best took "
                                     f"{best.user_attrs['row']['time_ms']:.4g} ms"})
             if self.incumbents.kind == "shipped":  # best.json, once written, replaces the shipped store whole
-                shipped = load_store(self.incumbents.path, self.target).entries[key]
-                merge_into_store(self.best_path, self.target, [shipped], lock=self._lock_path())
+                merge_into_store(self.best_path, self.target, [self.incumbent_entries[key]], lock=self._lock_path())
         elif best is not None:
             row = best.user_attrs["row"]
             entry = {**base, "config": best.user_attrs["config"],
@@ -530,8 +557,8 @@ class Search:
         """Every study of the plan; True when a Ctrl-C ended them (its trials in flight dropped)."""
         for order, job in enumerate(self.plan.jobs):
             name, _, study, runner, baselines = self.open(job)
-            left = runner.left()
-            self.lanes.append(Lane(order, job, name, study, runner, baselines, left, runner.measured()))
+            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+            self.lanes.append(Lane(order, job, name, study, runner, baselines, runner.left(), runner.measured(), tried))
         self.bar = console.bar(total=sum(lane.left for lane in self.lanes), unit="trial")
         threads = [threading.Thread(target=self._guarded, args=(self._compile_loop, i), daemon=True)
                    for i in range(len(self.compilers))]
@@ -542,31 +569,31 @@ class Search:
         try:
             for lane in self.lanes:
                 if not lane.left:  # finished in an earlier run: its entry is judged on what it recorded
-                    lane.baselines.update(study_baselines(lane.study))
-                    lane.activated = lane.asks_over = lane.finished = True
+                    lane.asks_over = lane.finished = True
                     self._write_best(lane)
             for t in threads:
                 t.start()
             try:
                 for t in threads:
-                    while t.is_alive():
+                    while t.is_alive() and not self.crashed:
                         t.join(0.5)
             finally:
-                if self.crashed or any(t.is_alive() for t in threads):  # a Ctrl-C, or a thread's end
+                if self.crashed or any(t.is_alive() for t in threads):  # a Ctrl-C, or what ended a thread
                     self.stop.set()
                     self.pool.interrupt()  # unblocks the threads, which drop their trials
                     self.compilers.interrupt()
                     for t in threads:
                         t.join(30)
             if self.crashed:
-                raise self.crashed[0]  # the search stops: a bug, a Ctrl-C in a thread, or no worker left
+                raise self.crashed[0]  # the search stops: a bug, or no worker left
         except KeyboardInterrupt:
             interrupted = True
         finally:
             self.seconds = time.monotonic() - self.started
-            for task in self.queue:  # compiled, never timed: a later run measures them
-                if task.candidate is not None:
-                    task.lane.runner.abandon(task.candidate)
+            with self.cond:
+                untimed = [task for task in self.queue if task.candidate is not None]
+            for task in untimed:  # compiled, never timed: a later run measures them
+                task.lane.runner.abandon(task.candidate)
             self.bar.close()
             self.pool.close()
             self.compilers.close()
@@ -574,10 +601,6 @@ class Search:
             self.csv.close()
             self.summary.sort(key=lambda row: row.pop("order"))
         return interrupted
-
-
-def study_baselines(study: optuna.Study) -> dict:
-    return study.user_attrs.get("baselines", {})
 
 
 @dataclass(eq=False)
@@ -592,11 +615,14 @@ class Lane:
     baselines: dict  # the default's, torch's and the incumbent's times, as make_row reads them
     left: int  # configs it needed measured when this run opened it
     start_measured: int
+    tried: list  # the configs its earlier runs measured
     activated: bool = False  # its baselines listed
     to_build: list = field(default_factory=list)  # (labels, config) of baselines not yet compiled
-    waiting: int = 0  # baselines not yet timed: its trials wait for them
+    waiting: int = 0  # baselines not yet in
+    baselines_stored: bool = False  # all in and stored with the study: its trials may be timed
     asks_over: bool = False  # its runner has no config left to hand out
     saturated_until: float = 0.0  # the rest of its budget is in flight: not asked before this time
+    polling: int = 0  # threads asking its runner for a config now
     in_flight: int = 0  # configs handed out, outcome not yet told
     finished: bool = False
 
