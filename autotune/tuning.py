@@ -286,17 +286,21 @@ class Search:
                 continue
             try:
                 candidate = lane.runner.poll()
-            finally:
+            except BaseException:
                 with self.cond:
                     lane.polling -= 1
+                raise
             with self.cond:
+                lane.polling -= 1
                 if candidate is WAIT:
                     lane.saturated_until = time.monotonic() + WAIT_S
-                    continue
-                if candidate is not None:
+                elif candidate is None:
+                    lane.asks_over = True
+                else:
                     lane.in_flight += 1
                     return ("trial", lane, candidate)
-                lane.asks_over = True
+                # Whatever it heard, the last thread to stop asking may be the one to finish the study:
+                # another may have heard that its configs ran out while this one was asking.
                 finished = self._finished(lane)
             if finished:
                 self._write_best(lane)

@@ -601,3 +601,36 @@ def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
         # the first trial is dropped (no outcome), the others are told
         study.tell(trial, state=TrialState.FAIL) if len(seen) == 1 else study.tell(trial, 1.0)
     assert seen[1] == seen[0] and sorted(seen[1:]) == [1, 2, 3, 4, 5]
+
+
+def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
+    """Two compile threads ask one study for configs. One hears that its configs ran out while the
+    other still waits for an answer, which then is WAIT (another process held the last slot of the
+    budget): the study must finish as that second thread leaves, or nothing would ever finish it."""
+    from autotune import tuning
+
+    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
+    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    written = []
+    search._write_best = written.append
+    inside, release = threading.Event(), threading.Event()
+
+    class Runner:
+        def poll(self):
+            if threading.current_thread().name == "first":
+                inside.set()
+                release.wait(10)
+                return studies.WAIT
+            inside.wait(10)
+            return None
+
+    lane = tuning.Lane(0, None, "study", None, Runner(), {}, left=1, start_measured=0, tried=[], activated=True,
+                       baselines_stored=True)
+    search.lanes = [lane]
+    first = threading.Thread(target=search._next_work, args=(True,), name="first")
+    first.start()
+    assert search._next_work(True) is None  # the configs ran out
+    assert lane.asks_over and not written  # but the first thread is still asking
+    release.set()
+    first.join(10)
+    assert not first.is_alive() and written == [lane] and lane.finished
