@@ -291,3 +291,14 @@ def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_wi
             fastest.BLOCK_M, fastest.BLOCK_N, fastest.SPLIT)
     with pytest.raises(ValueError, match="no tuner summary"):
         summary_figures(done.stdout.replace("Tuning took", "Tuned in"))
+
+
+def test_tuning_speed_names_a_run_it_does_not_know_and_needs_a_gpu(capsys):
+    from experiments import tuning_speed
+
+    with pytest.raises(SystemExit) as exc:
+        tuning_speed.main(["--runs", "make-run-cold,make-run-lukewarm"])
+    assert exc.value.code == 2 and "make-run-lukewarm" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert tuning_speed.main(["--runs", "make-run-cold"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
