@@ -248,13 +248,12 @@ def print_summary(search: Search, interrupted: bool) -> None:
                   "torch natively)")
     invalid_now = sum(lane.runner.invalid for lane in search.lanes)
     reused_now = sum(lane.runner.reused for lane in search.lanes)
-    done = len(search.summary)
+    done, measured = len(search.summary), sum(search.outcomes.values())
     finished = f"{done} of {len(search.lanes)} studies finished" if interrupted else f"{done} studies"
     print(f"\n{finished} on {search.target.name} ({search.args.sampler}, budget {search.budget} "
-          f"measured configs each). This run: {sum(search.outcomes.values())} trials measured, {reused_now} "
+          f"measured configs each). This run: {measured} trials measured, {reused_now} "
           f"suggestions of configs measured before told their results at no cost, {invalid_now} suggestions "
           f"pruned as invalid before compiling ({sum(s['invalid'] for s in search.summary)} in the finished studies).")
-    measured = sum(search.outcomes.values())
     compilers = f"{len(search.compilers)} compile processes" if len(search.compilers) else "no compile pool"
     print(f"Tuning took {search.seconds:.1f} s: {measured / search.seconds if search.seconds else 0:.2f} trials a "
           f"second ({compilers}, {len(search.pool)} timing process{'es' if len(search.pool) > 1 else ''}, "

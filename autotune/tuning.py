@@ -128,7 +128,8 @@ class Search:
             self.bar.update(1)
 
     # -- one study -------------------------------------------------------------------
-    def open(self, job: Job):
+    def open(self, order: int, job: Job) -> Lane:
+        """The job's study, created or resumed, as the pipeline's lane `order`."""
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
         key = study_name("", self.target.name, call.op, job.backend, call.dtype, call.study_key)
         name = self.args.study_prefix + key
@@ -147,6 +148,7 @@ class Search:
             reap_dead(study)
             self._copy_missing_rows(study, name)
             known = measured_elsewhere(self.storage, name, key)
+            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
         baselines: dict = {}
         check = lambda config: self.target.target_violation(job.space, config, elt)
         runner = StudyRunner(study, view, self.budget, check,
@@ -154,7 +156,7 @@ class Search:
                                  job, name, baselines, config, result, number),
                              record=self.record, ordinal=self.args.sampler in ORDINAL_SAMPLERS,
                              lock=self.lock, heartbeat=self.heartbeat, known=known)
-        return name, view, study, runner, baselines
+        return Lane(order, job, name, study, runner, baselines, runner.left(), runner.measured(), tried)
 
     def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
         """Rows the study has but the CSV lacks, of trials whose process on this host died
@@ -559,10 +561,7 @@ class Search:
     # -- the whole run ---------------------------------------------------------------
     def run(self) -> bool:
         """Every study of the plan; True when a Ctrl-C ended them (its trials in flight dropped)."""
-        for order, job in enumerate(self.plan.jobs):
-            name, _, study, runner, baselines = self.open(job)
-            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-            self.lanes.append(Lane(order, job, name, study, runner, baselines, runner.left(), runner.measured(), tried))
+        self.lanes = [self.open(order, job) for order, job in enumerate(self.plan.jobs)]
         self.bar = console.bar(total=sum(lane.left for lane in self.lanes), unit="trial")
         threads = [threading.Thread(target=self._guarded, args=(self._compile_loop, i), daemon=True)
                    for i in range(len(self.compilers))]
