@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -45,7 +46,9 @@ def run(cmd: list[str], results: list) -> bool:
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
-    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    # Unbuffered: a child's stdout into a pipe is block-buffered, and its lines would come late.
+    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     printed = []
     try:
         for line in command.stdout:

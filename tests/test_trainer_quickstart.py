@@ -98,3 +98,11 @@ def test_the_summary_gives_the_tuning_steps_trials_and_rate_and_the_total_time(t
     assert f"tuning: 3 trials in {tuning['tuning_s']:.1f} s, {tuning['trials_per_s']:.2f} a second " \
            f"(0 compile processes, 1 timing, {tuning['cores']} cores)" in lines
     assert f"total   {seconds:7.1f}s" in lines
+
+
+def test_a_commands_lines_pass_through_as_it_prints_them(capsys, monkeypatch):
+    """The child writes into a pipe, which would buffer its lines until it ends (a training run's
+    epochs, all at once): it runs unbuffered, whatever the caller's environment says."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert quickstart.run([sys.executable, "-c", "import sys; print('unbuffered', sys.stdout.write_through)"], [])
+    assert "unbuffered True" in capsys.readouterr().out
