@@ -67,7 +67,7 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
         if problem:
             notes.append(f"skipped {what}: {problem}")
             continue
-        view = view_space(space, target, elt)
+        view = view_space(space, target, elt, args.lower_precision)
         picked, n_valid = _sample(view, target, elt, cap, args.seed)
         name = f"{args.study_prefix}{target.name}:{op}:{backend}:{dtype}:compile"
         pruned = "?" if n_valid is None else view.total - n_valid

@@ -163,16 +163,20 @@ class SpaceView:
     total: int
 
 
-def view_space(space: Space, target: Target, elt: int) -> SpaceView:
+def view_space(space: Space, target: Target, elt: int, lower_precision: bool = False) -> SpaceView:
+    """lower_precision: keep the values that compute below the dtype's precision (Space.lower_precision),
+    which a search leaves out unless asked."""
+    params = {k: tuple(v for v in values if lower_precision or v not in space.lower_precision.get(k, {}))
+              for k, values in space.params.items()}
     if space.size() > ENUMERATE_LIMIT:
-        return SpaceView(space, {k: list(v) for k, v in space.params.items()}, None, space.size())
-    names = list(space.params)
+        return SpaceView(space, {k: list(v) for k, v in params.items()}, None, space.size())
+    names = list(params)
     valid = []
-    for combo in itertools.product(*(space.params[n] for n in names)):
+    for combo in itertools.product(*(params[n] for n in names)):
         config = dict(zip(names, combo))
         if target.target_violation(space, config, elt) is None:
             valid.append(config)
-    values = {n: [v for v in space.params[n] if any(c[n] == v for c in valid)] for n in names}
+    values = {n: [v for v in params[n] if any(c[n] == v for c in valid)] for n in names}
     return SpaceView(space, values, valid, space.size())
 
 

@@ -167,6 +167,10 @@ def parser() -> argparse.ArgumentParser:
                    help="a worker whose trials end this many times in a row with it crashed, hung or unable to "
                         "launch (a lost GPU) gets no more; the search stops when none is left "
                         f"(default {MAX_FAILURES_IN_A_ROW})")
+    p.add_argument("--lower-precision", action="store_true",
+                   help="also try configs that compute below their dtype's precision (fp32 matmuls on TF32 "
+                        "tensor cores, TF32=1: about 1e-3 relative error), held to that precision's tolerance; "
+                        "their studies are named apart (:lower-precision) and their winners go to the store")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every (sampled) config for a GPU --target and record registers, smem, spills; "
                         "no GPU, no study, no shapes")

@@ -57,6 +57,10 @@ def study_name(prefix: str, target: str, op: str, backend: str, dtype: str, shap
     return f"{prefix}{target}:{op}:{backend}:{dtype}:{shape}"
 
 
+# Ends the name of a study whose space keeps its lower-precision values (search --lower-precision).
+LOWER_PRECISION_SUFFIX = ":lower-precision"
+
+
 def _claims(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
     """Live trials that hold a config: each may be measuring it or about to."""
     return [t for t in trials if t.state == TrialState.RUNNING and "config" in t.user_attrs]

@@ -31,7 +31,7 @@ LEADING = ("utc", "target", "device", "op", "backend", "dtype", "shape")
 TRAILING = (
     "status", "error", "time_ms", "time_p20_ms", "time_p80_ms", "metric", "tflops", "gbps", "pct_of_peak",
     "speedup_vs_default", "speedup_vs_torch", "default_ms", "torch_ms", "compile_s", "registers",
-    "smem_bytes", "spill_bytes", "rel_err", "trial", "study", "sampler", "gpu",
+    "smem_bytes", "spill_bytes", "rel_err", "default_rel_err", "trial", "study", "sampler", "gpu",
 )
 # Text is UTF-8; any other byte a cut or a foreign writer left round-trips unchanged.
 ENCODING, ERRORS = "utf-8", "surrogateescape"

@@ -39,7 +39,8 @@ from autotune.plan import Job, Plan
 from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
 from autotune.storage import (Heartbeat, counts_toward_budget, measured_elsewhere, open_storage, owner_dead,
                               reap_dead, shown_url)
-from autotune.studies import WAIT, WAIT_S, Candidate, StudyRunner, best_trial, outcome_counts, study_name
+from autotune.studies import (LOWER_PRECISION_SUFFIX, WAIT, WAIT_S, Candidate, StudyRunner, best_trial, outcome_counts,
+                              study_name)
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.workload import metric, throughput
 from kernels_core.contract import DTYPES
@@ -116,7 +117,8 @@ class Search:
             "speedup_vs_default": default_ms / t if t and default_ms else None,
             "speedup_vs_torch": torch_ms / t if t and torch_ms else None,
             "default_ms": default_ms, "torch_ms": torch_ms,
-            **{k: result.get(k) for k in ("compile_s", "registers", "smem_bytes", "spill_bytes", "rel_err")},
+            **{k: result.get(k) for k in ("compile_s", "registers", "smem_bytes", "spill_bytes", "rel_err",
+                                          "default_rel_err")},
             "trial": number, "study": name, "sampler": self.args.sampler, "gpu": result.get("gpu"),
         }
         return row
@@ -131,9 +133,12 @@ class Search:
     def open(self, order: int, job: Job) -> Lane:
         """The job's study, created or resumed, as the pipeline's lane `order`."""
         call, elt = job.call, DTYPES[job.call.dtype].itemsize
-        key = study_name("", self.target.name, call.op, job.backend, call.dtype, call.study_key)
+        lower = bool(self.args.lower_precision and job.space.lower_precision)
+        # Studies that may pick a lower precision are other studies: their configs and winners differ.
+        key = study_name("", self.target.name, call.op, job.backend, call.dtype, call.study_key) + (
+            LOWER_PRECISION_SUFFIX if lower else "")
         name = self.args.study_prefix + key
-        view = view_space(job.space, self.target, elt)
+        view = view_space(job.space, self.target, elt, lower)
         sampler = make_sampler(self.args.sampler, self.args.seed, view.values,
                                parallel=len(self.pool) + len(self.compilers) > 1, valid=view.valid)
         with self.lock:

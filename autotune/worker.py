@@ -16,7 +16,11 @@ stderr, the worker's log). The first line out is {"ready": true}.
   {"cmd": "measure", "reps", "max_seconds"}
       correctness of the prepared call against the float64 reference, then
       its time (kernels_core.timing; on a GPU, replays of a CUDA graph of a few
-      calls) -> time_ms, time_p20_ms, time_p80_ms, rel_err
+      calls) -> time_ms, time_p20_ms, time_p80_ms, rel_err. A config that
+      computes below its dtype's precision is held to that precision's
+      tolerance; one that emulates the dtype's precision (3xTF32) must also be
+      at least as accurate as the space's default config on the same inputs,
+      whose error comes back as default_rel_err
   {"cmd": "compile", "backend", "op", "dtype", "configs", "arch"}
       offline compile reports (no GPU needed) -> {"reports": [...]}
 
@@ -75,6 +79,7 @@ class Runner:
         self.torch = torch
         self.prepared = None
         self.build_inputs = None  # (call, inputs) of the last build: a study builds many configs of one call
+        self.default_errors = {}  # (backend, call, seed) -> the default config's error on those inputs
 
     def _sync(self, device) -> None:
         if device.type == "cuda":
@@ -106,10 +111,10 @@ class Runner:
         call = _call(req)
         try:
             if req["backend"] == "torch":
-                module, fn, config = None, getattr(reference.native, call.op), None
+                module, fn, config, space = None, getattr(reference.native, call.op), None, None
             else:
                 module = backends.load(req["backend"])
-                fn, config = getattr(module, call.op), req.get("config")
+                fn, config, space = getattr(module, call.op), req.get("config"), module.space(call.op, call.dtype)
             generator = torch.Generator(device=device)
             generator.manual_seed(int(req.get("seed", 0)))
             inputs = call_inputs(call, device, generator)
@@ -119,7 +124,7 @@ class Runner:
             compile_s = time.perf_counter() - start
         except Exception as exc:  # every failure is a trial outcome, recorded with its message
             return self._failure(exc, device)
-        self.prepared = (call, fn, config, inputs, device)
+        self.prepared = (call, fn, config, inputs, device, space, (req["backend"], call, int(req.get("seed", 0))))
         answer = {"ok": True, "compile_s": compile_s}
         if module is not None and hasattr(module, "resource_report") and config is not None:
             try:
@@ -156,19 +161,30 @@ class Runner:
 
         if self.prepared is None:
             return {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
-        call, fn, config, inputs, device = self.prepared
+        call, fn, config, inputs, device, space, inputs_key = self.prepared
         try:
             outputs = run(fn, call.op, inputs.clone(), config)
-            error, problem = check_result(outputs, expected(call.op, inputs))
+            refs = expected(call.op, inputs)
+            precision = space.precision_of(config) if config is not None else None
+            error, problem = check_result(outputs, refs, precision)
+            default_error = None
+            if not problem and config is not None and space.is_emulated(config):
+                if inputs_key not in self.default_errors:
+                    self.default_errors[inputs_key] = check_result(run(fn, call.op, inputs.clone(), None), refs)[0]
+                default_error = self.default_errors[inputs_key]
+                if error > default_error:
+                    problem = (f"relative error {error:.3g} above the default config's {default_error:.3g} on the "
+                               "same inputs, which a config emulating its dtype's precision must not exceed")
             if problem:
-                return {"ok": False, "status": "wrong_result", "rel_err": error, "error": problem}
+                return {"ok": False, "status": "wrong_result", "rel_err": error, "default_rel_err": default_error,
+                        "error": problem}
             timed = inputs.clone()
             args, kwargs = timed.args, dict(timed.kwargs, **({"config": config} if config is not None else {}))
             timing = self._time(lambda: fn(*args, **kwargs), device, int(req.get("reps", 100)),
                                 float(req.get("max_seconds", 2.0)))
         except Exception as exc:  # see prepare
             return self._failure(exc, device)
-        return {"ok": True, "rel_err": error, **timing.as_row()}
+        return {"ok": True, "rel_err": error, "default_rel_err": default_error, **timing.as_row()}
 
     def _time(self, call, device, reps: int, max_seconds: float):
         """GPU time of one call.

@@ -17,8 +17,10 @@ from kernels_core.reference import exact
 from kernels_core.shapes import FUSED_LAYOUT, OP_RANK
 
 # Relative error ||out - ref|| / ||ref|| allowed per working dtype: a few units
-# of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32.
-TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2}
+# of output rounding (fp16 2^-11, bf16 2^-8), and TF32-level error for fp32;
+# and per lower precision a config may compute at (Space.lower_precision):
+# TF32 products carry fp16's 10 mantissa bits.
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2, "tf32": 5e-3}
 # The SGD ops' inputs: the trainer's momentum, and a weight decay so its term is exercised.
 SGD_HYPER = {"lr": 0.01, "momentum": DEFAULT.momentum, "weight_decay": 1e-4}
 
@@ -135,11 +137,13 @@ def expected(op: str, inputs: OpInputs) -> list[torch.Tensor]:
     return list(result) if isinstance(result, tuple) else [result]
 
 
-def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor]) -> tuple[float, str | None]:
+def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor],
+                 precision: str | None = None) -> tuple[float, str | None]:
     """(largest norm-wise relative error, why the outputs are wrong or None).
 
     Each output must pass two tests, within the tolerance of its own dtype (sgd_update's fp32
-    params are held to fp32 even when its grads are bf16): the norm-wise error ||o - r|| / ||r||,
+    params are held to fp32 even when its grads are bf16), or of `precision` where the config
+    computes below it: the norm-wise error ||o - r|| / ||r||,
     and the worst element's |o - r| / (|r| + rms(r)), since a wrong row or tile out of millions
     barely moves the first. Adding the output's rms keeps elements near zero from demanding
     more than the dtype can give. NaN, Inf or a wrong shape fail outright.
@@ -159,6 +163,8 @@ def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor]) -> tuple
         norm = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(r).clamp_min(1e-30))
         element = float((diff / (r.abs() + r.pow(2).mean().sqrt()).clamp_min(1e-30)).max())
         dtype = DTYPE_NAMES.get(out.dtype, "fp32")
+        if precision is not None and TOLERANCE[precision] > TOLERANCE[dtype]:
+            dtype = precision
         tol = TOLERANCE[dtype]
         worst_norm = max(worst_norm, norm)
         if problem is None and norm > tol:

@@ -8,6 +8,13 @@ kernels check them against the local GPU at launch (and the CUDA twin takes the
 dynamic shared memory it asks for from the same expression). Expressions may
 also use `elt` (bytes per input element) and `arch` (the compute capability as
 an integer, 75 for sm_75).
+
+Some tunables choose the arithmetic, not only its schedule: an fp32 matmul may
+multiply on TF32 tensor cores. A space says which of its values compute below
+the dtype's own precision (`lower_precision`: the tuner tries them only when
+asked, and judges them at that precision) and which reach the dtype's
+precision by lower-precision arithmetic (`emulated`: the tuner admits them
+only where their error is at most the default config's on the same inputs).
 """
 from __future__ import annotations
 
@@ -28,6 +35,10 @@ class Space:
     notes: str = ""
     # Defaults for older GPUs, as overrides of `default`: {80: {...}} applies below sm_80.
     defaults_below: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    # Values computing below the dtype's precision, with that precision's name: {"TF32": {1: "tf32"}}.
+    lower_precision: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    # Values that emulate the dtype's precision with lower-precision arithmetic: {"TF32": (3,)}.
+    emulated: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         # Launch paths check their config on every call: compile the rules once and
@@ -46,6 +57,22 @@ class Space:
             for name, value in overrides.items():
                 if value not in self.params.get(name, ()):
                     raise ValueError(f"default {name}={value} is outside the space {dict(self.params)}")
+        if self.precision_of(self.default) or self.is_emulated(self.default):
+            raise ValueError(f"default {dict(self.default)} must compute at the dtype's own precision")
+        for name, values in (*self.lower_precision.items(), *self.emulated.items()):
+            if not set(values) <= set(self.params.get(name, ())):
+                raise ValueError(f"{name}: precision values {sorted(values)} are outside the space {dict(self.params)}")
+
+    def precision_of(self, config: Mapping[str, int]) -> str | None:
+        """The lower precision `config` computes at (its first value that names one), or None."""
+        for name, values in self.lower_precision.items():
+            if config.get(name) in values:
+                return values[config[name]]
+        return None
+
+    def is_emulated(self, config: Mapping[str, int]) -> bool:
+        """Whether `config` reaches the dtype's precision through lower-precision arithmetic."""
+        return any(config.get(name) in values for name, values in self.emulated.items())
 
     def _env(self, config: Mapping[str, int], elt: int, arch: int) -> dict:
         return {**config, "elt": elt, "arch": arch}

@@ -6,7 +6,9 @@ relu's tunable MODE picks the outcome: 0 ok, 1 compile error, 2 wrong result,
 at BLOCK_M=32, BLOCK_N=64, SPLIT=1 (FAKE_BEST=M,N,SPLIT moves it), so a search has something to find. FAKE_COMPILE_S
 makes each config's first call slow, like a real compile (FAKE_CACHE_DIR keeps it compiled across
 processes, like the twins' disk caches); inside kernels_core.compile_only a call compiles and runs nothing; FAKE_LOST_GPU=1 makes
-every call kill its process, as every launch does on a GPU that fell off the bus.
+every call kill its process, as every launch does on a GPU that fell off the bus. FAKE_TF32=1 gives matmul the twins'
+fp32 TF32 tunable: 1 (lower precision, "tf32") is 3e-3 off, beyond the fp32 tolerance and within tf32's; 3 (emulated)
+is FAKE_TF32X3_REL (default 0) off the default config's result, relative.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ _SPACES = {
 # As in the twins, bf16 tensor-core matmul starts at sm_80.
 _BF16_MATMUL = replace(_SPACES["matmul"], restrictions=_SPACES["matmul"].restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
 _OTHER = Space(params={"BLOCK": (128, 256)}, default={"BLOCK": 128})
+_TF32_MATMUL = replace(_SPACES["matmul"], params={**_SPACES["matmul"].params, "TF32": (0, 3, 1)},
+                       default={**_SPACES["matmul"].default, "TF32": 0},
+                       lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)})
 _compiled: set = set()
 
 
@@ -45,6 +50,8 @@ def space(op: str, dtype: str) -> Space:
         raise ValueError(f"unknown op {op!r}")
     if op == "matmul" and dtype == "bf16":
         return _BF16_MATMUL
+    if op == "matmul" and os.environ.get("FAKE_TF32"):
+        return _TF32_MATMUL
     return _SPACES.get(op, _OTHER)
 
 
@@ -101,6 +108,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
     time.sleep(2e-3 * (abs(cfg["BLOCK_M"] - m) / 16 + abs(cfg["BLOCK_N"] - n) / 16 + abs(cfg["SPLIT"] - split)))
     y = reference.native.matmul(a, b, bias=bias, activation=activation, trans_a=trans_a, trans_b=trans_b,
                                 a_rows=a_rows, relu_grad_of=relu_grad_of)
+    if cfg.get("TF32"):
+        y = y * (1 + (3e-3 if cfg["TF32"] == 1 else float(os.environ.get("FAKE_TF32X3_REL", "0"))))
     return y.to(a.dtype)
 
 

@@ -94,6 +94,33 @@ def test_every_failure_is_recorded_and_the_search_finishes(tmp_path):
 
 
 @pytest.mark.slow  # the tuner in subprocesses
+def test_lower_precision_is_tried_only_when_asked_and_emulation_must_match_the_default(tmp_path):
+    """The fake matmul with the twins' TF32 tunable: TF32 = 1 (tf32, 3e-3 off) is left out of a
+    search unless --lower-precision asks for it, and then passes at tf32's tolerance, in studies
+    of their own; TF32 = 3 (emulated) must be as accurate as the default config on the same
+    inputs, and trials.csv shows both errors."""
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes", "16x16x16",
+            "--sampler", "grid", "--trials", "80"]
+    search(tmp_path, *args, FAKE_TF32="1", FAKE_TF32X3_REL="1e-5")
+    rows = counted(trials(tmp_path))
+    assert set(rows["TF32"]) == {0, 3} and len(rows) == 52  # every valid config but the lower-precision ones
+    exact, emulated = rows[rows["TF32"] == 0], rows[rows["TF32"] == 3]
+    assert (exact["status"] == "ok").all() and exact["default_rel_err"].isna().all()
+    assert (emulated["status"] == "wrong_result").all()
+    assert emulated["error"].str.contains("above the default config's").all()
+    assert (emulated["rel_err"] > emulated["default_rel_err"]).all() and (emulated["default_rel_err"] < 1e-6).all()
+
+    search(tmp_path, *args, "--lower-precision", FAKE_TF32="1")
+    rows = counted(trials(tmp_path))
+    lower = rows[rows["study"] == "cpu:matmul:fake:fp32:16x16x16:nn:lower-precision"]
+    assert len(lower) == 78 and set(lower["TF32"]) == {0, 1, 3} and (lower["status"] == "ok").all()
+    assert (lower.loc[lower["TF32"] == 1, "rel_err"] > 2e-3).all()  # beyond fp32's tolerance, within tf32's
+    emulated = lower[lower["TF32"] == 3]
+    assert (emulated["rel_err"] <= emulated["default_rel_err"]).all()
+    assert len(rows) == 52 + 78  # the first search's study is its own
+
+
+@pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.parametrize("workers", [0, 2])  # the timing process fails, or each compile process
 def test_a_lost_gpu_stops_the_search_after_failures_in_a_row_not_at_the_budget(tmp_path, workers):
     args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
