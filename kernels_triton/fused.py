@@ -78,7 +78,7 @@ from .reduction import bias_grad
 _CE_DEFAULTS = {
     "fp16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
     "bf16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
-    "fp32": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1),
+    "fp32": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0),
 }
 _SGD_DEFAULTS = {
     "fp16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),

@@ -59,6 +59,22 @@ never from a line of this SM's L1 that an earlier call left behind. SPLIT_K
 = 1 compiles none of this: it is the one-program-per-tile kernel above.
 With fp16 accumulation each slice accumulates in fp16 as asked, and the
 partials are summed in fp32: never less accurate than no split.
+
+fp32 on the tensor cores (the TF32 tunable). TF32 = 0 multiplies fp32 exactly,
+on the FMA units (tl.dot's "ieee"). TF32 tensor cores multiply operands of 10
+mantissa bits, several times as fast: TF32 = 1 rounds each operand to TF32 and
+takes one product, about 2^-11 relative error per product, a lower precision
+the tuner tries only when asked. TF32 = 3 (3xTF32) splits each operand as it is
+loaded into a TF32 big part and the TF32-rounded rest, x = big + small with
+|small| <= 2^-11 |x|, and sums three TF32 products, small*big + big*small +
+big*big, smallest first, in the fp32 accumulator: what it drops (small*small,
+and small's own rounding) is at most 3 * 2^-22 |a||b| per product, so the
+error is dominated by the fp32 accumulation, as with TF32 = 0. The split is
+written out here (_to_tf32), not left to tl.dot's input_precision="tf32x3",
+so that Triton's interpreter, which multiplies in fp32 whatever the precision,
+computes the same parts and products as the GPU: the tests check the bound on
+the CPU. The GPU's TF32 products of exact TF32 parts are exact; only the
+tensor cores' accumulation differs from the interpreter's.
 """
 from __future__ import annotations
 
@@ -73,6 +89,35 @@ from kernels_core.workspace import splitk_slices, splitk_workspace
 
 from . import _runtime as rt
 from .optim import sgd_rule
+
+
+@triton.jit
+def _to_tf32(x):
+    """fp32 x rounded to TF32 (10 mantissa bits): to nearest, ties to even, in integer arithmetic so
+    that the interpreter rounds as the GPU does; Inf and NaN pass unchanged."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + (0xFFF + ((bits >> 13) & 1))) & 0xFFFFE000
+    special = (bits & 0x7F800000) == 0x7F800000
+    return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
+    """acc + a @ b at the precision TF32 asks for (the module docstring)."""
+    if TF32 == 0:
+        # "ieee" keeps fp32 inputs exact; it does not affect fp16/bf16.
+        acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc_dtype)
+    elif TF32 == 1:
+        acc = tl.dot(_to_tf32(a), _to_tf32(b), acc, input_precision="tf32", out_dtype=acc_dtype)
+    else:
+        a_big = _to_tf32(a)
+        b_big = _to_tf32(b)
+        a_small = _to_tf32(a - a_big)  # a - a_big is exact in fp32
+        b_small = _to_tf32(b - b_big)
+        acc = tl.dot(a_small, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)
+        acc = tl.dot(a_big, b_small, acc, input_precision="tf32", out_dtype=acc_dtype)
+        acc = tl.dot(a_big, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)
+    return acc
 
 
 @triton.jit
@@ -182,7 +227,7 @@ def _matmul_kernel(
     GATHER_A: tl.constexpr, RELU_GRAD: tl.constexpr, EPILOGUE: tl.constexpr, LABEL_ROWS: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, TF32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -231,8 +276,7 @@ def _matmul_kernel(
             # fp32 tiles hold bf16 values exactly, so the product is unchanged.
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        # "ieee" keeps fp32 inputs exact (no TF32); it does not affect fp16/bf16.
-        acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc_dtype)
+        acc = _dot(a, b, acc, acc_dtype, TF32)
         if GATHER_A != 2:
             a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -335,11 +379,13 @@ SPACES = {
         smem_bytes=_SMEM, notes=_NOTES,
     ),
     # Exact fp32 runs on the FMA units, where register pressure, not shared
-    # memory, bounds the tile.
+    # memory, bounds the tile. TF32: 0 exact, 3 3xTF32, 1 plain TF32 (the module docstring).
     "fp32": Space(
-        params=_PARAMS,
-        default=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1),
-        restrictions=_RESTRICTIONS, smem_bytes=_SMEM, notes=_NOTES,
+        params={**_PARAMS, "TF32": (0, 3, 1)},
+        default=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0),
+        restrictions=_RESTRICTIONS + ("TF32 == 0 or arch >= 80  # TF32 tensor cores start at sm_80",),
+        smem_bytes=_SMEM, notes=_NOTES,
+        lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
     ),
 }
 
@@ -398,7 +444,7 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
         GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
         HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False,
-        **constexprs,
+        **{"TF32": 0, **constexprs},  # 16-bit spaces have no TF32 tunable
     )
     unknown = set(extra) - set(args)
     assert not unknown, f"not parameters of _matmul_kernel: {sorted(unknown)}"

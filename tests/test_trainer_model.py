@@ -129,7 +129,8 @@ def test_step_makes_exactly_the_tuned_calls_with_the_stores_configs(dtype, layer
     # An in-memory store with one tuned shape: its config must reach that call, and
     # the nearest-shape rule must hand it to the other "nn" matmuls.
     store = ConfigStore("cpu")
-    tuned = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1}
+    tuned = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1,
+             **({"TF32": 3} if dtype == "fp32" else {})}  # a whole config: fp32's spaces have the TF32 tunable
     store.put({"op": "matmul", "backend": "triton", "dtype": dtype, "shape": f"{batch}x{hidden}x784:nn",
                "config": tuned})
     spy = Spy(SHIM)

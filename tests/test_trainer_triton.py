@@ -30,6 +30,25 @@ def test_triton_losses_match_torch_for_a_few_steps(tmp_path):
     assert len(rel) == FEW["steps"] and rel.max() <= 1e-4, f"step {rel.argmax() + 1}: relative difference {rel.max():.2e}"
 
 
+def test_triton_in_3xtf32_tracks_torch_for_a_few_steps(tmp_path):
+    """Every GEMM of the step on a store config in 3xTF32 (TF32 = 3): the losses still track torch's
+    fp32 ones as closely as the exact kernels' do."""
+    import kernels_triton
+    from kernels_core.mlp import mlp_calls
+    from kernels_core.store import ConfigStore, save_store
+
+    store = ConfigStore("cpu")
+    calls = mlp_calls(FEW["hidden"], FEW["layers"], FEW["batch_size"], "fp32", fused=True)
+    for call in calls:  # the fused step's calls are all GEMMs
+        store.put({"op": call.op, "backend": "triton", "dtype": "fp32", "shape": call.key,
+                   "config": {**kernels_triton.space(call.op, "fp32").default, "TF32": 3}})
+    save_store(tmp_path / "tf32x3.json", store)
+    rel = relative_differences({"torch": train(Config(backend="torch", out=str(tmp_path), **FEW)),
+                                "triton": train(Config(backend="triton", out=str(tmp_path),
+                                                       tuned_configs=str(tmp_path / "tf32x3.json"), **FEW))})
+    assert rel.max() <= 1e-4, f"step {rel.argmax() + 1}: relative difference {rel.max():.2e}"
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("runs"))

@@ -44,7 +44,8 @@ def _cases():
 # Split-K and small-tile matmuls the interpreter cannot vouch for: the
 # arrival counter's atomic, the ".cg" reads of the partials, 16-wide dots on
 # two warps. Each with the tensor-core instructions its dot must lower to on
-# that arch: none for fp32, which stays on the FMA units ("ieee", no TF32).
+# that arch: none for exact fp32 (TF32 = 0), which stays on the FMA units
+# ("ieee"); TF32 ones (3xTF32 and plain TF32) for fp32 with TF32 > 0.
 _TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K")
 SPLITK_CASES = [
     (dtype, arch, dict(zip(_TILE, tile), GROUP_M=1), instruction)
@@ -61,6 +62,15 @@ SPLITK_CASES = [
         ("fp16", 90, (16, 128, 64, 4, 4, 2), ["mma.sync"]),
         ("fp16", 80, (16, 16, 32, 2, 3, 16), ["mma.sync"]),
         ("bf16", 80, (64, 64, 64, 4, 4, 8), ["mma.sync"]),
+    ]
+] + [
+    ("fp32", arch, dict(zip(_TILE, tile), GROUP_M=1, TF32=tf32), instruction)
+    for arch, tile, tf32, instruction in [
+        (90, (64, 64, 32, 4, 3, 1), 3, ["wgmma", "tf32"]),
+        (90, (128, 128, 32, 8, 3, 1), 3, ["wgmma", "tf32"]),
+        (90, (16, 16, 32, 2, 3, 4), 3, ["mma.sync", "tf32"]),
+        (80, (32, 32, 32, 2, 4, 1), 3, ["mma.sync", "tf32"]),
+        (90, (64, 64, 32, 4, 3, 1), 1, ["wgmma", "tf32"]),
     ]
 ]
 CASES = _cases() + [("matmul", dtype, arch, f"splitk{i}", cfg) for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
@@ -124,7 +134,7 @@ for dtype, arch, cfg, label in [(dtype, 90, None, f"wgmma-{dtype}") for dtype in
     compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
     ptx = compiled.asm["ptx"]
-    results[label] = [name for name in ("wgmma", "mma.sync") if name in ptx]
+    results[label] = [name for name in ("wgmma", "mma.sync", "tf32") if name in ptx]
 for path, dtype, arch, cfg, needles, i in fused_paths:
     try:
         cfg = kt.space("matmul", dtype).resolve(cfg, contract.DTYPES[dtype].itemsize, arch)
@@ -198,7 +208,8 @@ def test_matmul_default_uses_wgmma_on_hopper(reports, dtype):
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("i", range(len(SPLITK_CASES)),
-                         ids=[f"{c[0]}-sm{c[1]}-{'x'.join(str(c[2][k]) for k in _TILE)}" for c in SPLITK_CASES])
+                         ids=[f"{c[0]}-sm{c[1]}-{'x'.join(str(c[2][k]) for k in _TILE)}"
+                              + (f"-TF32={c[2]['TF32']}" if "TF32" in c[2] else "") for c in SPLITK_CASES])
 def test_splitk_dot_instructions(reports, i):
     dtype, arch, cfg, instructions = SPLITK_CASES[i]
     assert reports[f"instructions-splitk{i}"] == instructions, f"{dtype} {cfg} on sm_{arch}"

@@ -1,0 +1,148 @@
+"""fp32 matmuls on TF32 tensor cores: the TF32 tunable of the Triton twin's fp32 spaces.
+
+TF32 = 3 (3xTF32) must stay within the bounds the exact fp32 kernels are held to; TF32 = 1
+(plain TF32) is a lower precision, declared as such, and within its own bound. Under Triton's
+interpreter the split and its roundings run as written (kernels_triton/matmul.py: _to_tf32),
+and tl.dot multiplies in fp32, so the CPU checks the arithmetic the GPU does, bar the tensor
+cores' accumulation. Inputs are fresh random draws with ragged shapes; references in float64.
+"""
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from autotune.samplers import view_space
+from kernels_core import contract
+from kernels_core.reference import exact
+from kernels_core.space import Space
+from kernels_core.targets import TARGETS
+from kernels_triton.matmul import _to_tf32
+from tests.test_ops import assert_rel, check_linear_ce, check_linear_sgd, randn, sgd_layer
+from tests.test_splitk import tolerance
+
+EXACT, SPLIT3, PLAIN = 0, 3, 1  # the TF32 tunable's values
+
+
+@pytest.fixture
+def twin():
+    """The twin whose fp32 spaces have the TF32 tunable."""
+    import kernels_triton
+    return kernels_triton
+
+
+def tf32_config(twin, op, device, rng, tf32, split_k=1):
+    """A config of `op`'s fp32 space with this TF32 and SPLIT_K, from its small tiles."""
+    sp = twin.space(op, "fp32")
+    configs = [c for c in sp.configs(4, contract.device_arch(torch.device(device)))
+               if c["TF32"] == tf32 and c["SPLIT_K"] == split_k and c["BLOCK_M"] * c["BLOCK_N"] <= 32 * 32]
+    return configs[torch.randint(len(configs), (1,), generator=rng).item()]
+
+
+# ----------------------------------------------------------------------------- the rounding
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, _to_tf32(x), mask=offs < n)
+
+
+def tf32_reference(x: float) -> float:
+    """x rounded to 11 significant bits, ties to even, by value: fp32's subnormals keep their grid
+    of 2^-136 (13 bits dropped), and a value past the largest TF32 number becomes infinite."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    _, e = math.frexp(abs(x))  # abs(x) = m * 2^e, 0.5 <= m < 1
+    q = 2.0 ** max(e - 11, -136)
+    return math.copysign(round(abs(x) / q) * q, x)  # exact quotient; round() ties to even
+
+
+def test_to_tf32_rounds_to_nearest_even(device, rng):
+    bits = torch.randint(-2**31, 2**31, (3000,), generator=rng, dtype=torch.int64)
+    ties = (bits[:400] & ~0x1FFF) | 0x1000  # exactly half way, with bit 13 (the kept lsb) odd or even
+    specials = torch.tensor([0x7F800000, 0xFF800000, 0x7FC00000, 0x80000000, 0x7F7FFFFF, 0x00000001,
+                             0x00001000, 0x00003000, 0x007FF000, 0x3F800FFF, 0x3F801000, 0x3F803000])
+    raw = torch.cat([bits, ties, specials]).to(torch.int64)
+    x = torch.where(raw >= 2**31, raw - 2**32, raw).to(torch.int32).view(torch.float32)
+    y = torch.empty_like(x)
+    _round_kernel[(triton.cdiv(x.numel(), 1024),)](x.to(device), y_out := y.to(device), x.numel(), BLOCK=1024)
+    got = y_out.cpu()
+    want = torch.tensor([tf32_reference(v) for v in x.double().tolist()], dtype=torch.float64).to(torch.float32)
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+    assert same.all(), (f"{int((~same).sum())} values rounded wrong, e.g. {x[~same][:4].tolist()} -> "
+                        f"{got[~same][:4].tolist()}, expected {want[~same][:4].tolist()}")
+
+
+# ----------------------------------------------------------------------------- matmul
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_matmul_3xtf32_within_the_fp32_bound(twin, device, rng, layout, split_k):
+    """3xTF32 with bias and ReLU, every layout, split or not: within the bound of the exact fp32
+    kernels (test_splitk.tolerance: the split's dropped terms included), where one TF32 product
+    alone would be off by about 2^-12."""
+    m, n, k = 37, 50, 129
+    a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
+    bias = randn(rng, (n,), "fp32", device)
+    trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+    config = tf32_config(twin, "matmul", device, rng, SPLIT3, split_k)
+    stored_a = a.t().contiguous() if trans_a else a  # op(stored) is a
+    stored_b = b.t().contiguous() if trans_b else b
+    out = twin.matmul(stored_a, stored_b, bias=bias, activation="relu", trans_a=trans_a, trans_b=trans_b,
+                      config=config)
+    assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance("fp32", k, device), f"config={config}")
+
+
+def test_plain_tf32_is_a_lower_precision_within_its_bound(twin, device, rng):
+    """TF32 = 1 rounds both operands to TF32: each product off by at most 2^-10 of its size, so
+    about 2^-11 norm-wise with random signs; bounded by twice that, and visibly rounded (an exact
+    fp32 product is 2^-24-close)."""
+    m, n, k = 45, 38, 300
+    a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
+    config = tf32_config(twin, "matmul", device, rng, PLAIN)
+    out = twin.matmul(a, b, config=config)
+    ref = exact.matmul(a, b)
+    err = (torch.linalg.vector_norm(out.double().cpu() - ref) / torch.linalg.vector_norm(ref)).item()
+    assert 2.0**-14 < err <= 2 * 2.0**-11 + tolerance("fp32", k, device), f"config={config}: error {err:.3g}"
+
+
+# ----------------------------------------------------------------------------- the fused step's ops
+
+def test_linear_cross_entropy_in_3xtf32(twin, device, rng):
+    m, n, k = 29, 10, 70
+    x, w = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device, scale=0.3)
+    labels = torch.randint(0, n, (m,), generator=rng).to(device)
+    config = tf32_config(twin, "linear_cross_entropy", device, rng, SPLIT3)
+    check_linear_ce(twin, x, w, labels, bias=randn(rng, (n,), "fp32", device), config=config)
+
+
+def test_linear_sgd_in_3xtf32(twin, device, rng):
+    layer = sgd_layer(rng, device, "fp32", 70, 37, 19, momentum=0.9, rows=90, low=True)
+    config = tf32_config(twin, "linear_sgd", device, rng, SPLIT3)
+    check_linear_sgd(twin, layer, lr=0.1, momentum=0.9, weight_decay=1e-4, config=config)
+
+
+# ----------------------------------------------------------------------------- the space
+
+def test_the_tf32_tunable_is_declared_with_its_precisions(twin):
+    for op in ("matmul", "linear_cross_entropy", "linear_sgd"):
+        sp = twin.space(op, "fp32")
+        assert sp.params["TF32"] == (EXACT, SPLIT3, PLAIN) and sp.default["TF32"] == EXACT
+        assert sp.precision_of({**sp.default, "TF32": PLAIN}) == "tf32" and sp.precision_of(sp.default) is None
+        assert sp.is_emulated({**sp.default, "TF32": SPLIT3}) and not sp.is_emulated(sp.default)
+        assert not any(c["TF32"] for c in sp.configs(4, 75)), "sm_75 has no TF32 tensor cores"
+        for dtype in ("fp16", "bf16"):
+            assert "TF32" not in twin.space(op, dtype).params
+        # A search leaves plain TF32 out unless asked.
+        assert view_space(sp, TARGETS["sm_90"], 4).values["TF32"] == [EXACT, SPLIT3]
+        assert view_space(sp, TARGETS["sm_90"], 4, lower_precision=True).values["TF32"] == [EXACT, SPLIT3, PLAIN]
+
+
+def test_a_space_refuses_a_default_below_its_precision():
+    params = {"BLOCK": (16, 32), "TF32": (0, 1)}
+    with pytest.raises(ValueError, match="own precision"):
+        Space(params=params, default={"BLOCK": 16, "TF32": 1}, lower_precision={"TF32": {1: "tf32"}})
+    with pytest.raises(ValueError, match="outside the space"):
+        Space(params=params, default={"BLOCK": 16, "TF32": 0}, emulated={"TF32": (3,)})
