@@ -13,7 +13,11 @@ one. `--repeat N` runs every case N times in turn, so the spread between runs
 of one config shows next to the differences between configs.
 
 Every case is checked against a reference before it is timed (a wrong kernel
-is reported as such and never timed). Two times per row, both medians of many
+is reported as such and never timed); a matmul row records its error against
+float64 (`rel_err`). fp32 products are timed in 3xTF32 too (label `tf32x3`,
+each twin whose space has the TF32 tunable), and torch's with TF32 on
+(`cuBLAS TF32`, a lower precision held to TF32's tolerance), beside cuBLAS's
+IEEE fp32, which `vs_torch` stays against. Two times per row, both medians of many
 repetitions: `time_ms`, one call at a time with L2 flushed between calls
 (kernels_core.timing.bench: what an eager caller pays, Python wrapper included),
 and `graph_ms`, ten calls replayed as one CUDA graph (kernels_core.timing.
@@ -79,14 +83,38 @@ def gemm_cases(shapes: list[tuple[str, int]], store=None) -> list[Case]:
 
 
 def _configs(store, dtype: str, key: str) -> dict:
-    """Each twin's configs to time: its default, and its tuned one if the store has `key`."""
+    """Each twin's configs to time: its default, its default tiles in 3xTF32 where its space has the
+    TF32 tunable, and its tuned one if the store has `key`."""
     configs = {}
     for backend in ("cuda", "triton"):
         configs[backend] = [("default", None)]
+        if "TF32" in kernel_packages.space(backend, "matmul", dtype).params:
+            configs[backend].append(("tf32x3", {"TF32": 3}))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
         if source == "tuned":
             configs[backend].append(("tuned", tuned))
     return configs
+
+
+# torch's variants: cuBLAS as torch calls it by default (IEEE fp32), and for fp32 products with TF32
+# on, a lower precision reported beside it with its error; vs_torch is against the first.
+TORCH_IEEE, TORCH_TF32 = "cuBLAS/aten", "cuBLAS TF32"
+
+
+def _torch_variants(case: Case) -> list[tuple[str, None]]:
+    tf32 = case.op == "matmul" and case.dtype == "fp32"
+    return [(TORCH_IEEE, None)] + ([(TORCH_TF32, None)] if tf32 else [])
+
+
+def _with_tf32(fn: Callable) -> Callable:
+    """fn with torch's fp32 matmuls on TF32 tensor cores while it runs (or while a graph captures it)."""
+    def call(*args, **kwargs):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+    return call
 
 
 def mlp_cases(dtypes: list[str]) -> list[Case]:
@@ -155,35 +183,41 @@ def make_call(case: Case, gen: torch.Generator, device: torch.device):
     return args, kw, nbytes, work
 
 
-def check(case: Case, out: torch.Tensor, args, kw) -> str | None:
+# ||out - ref|| / ||ref|| allowed per dtype, and for TF32 products (10 mantissa bits, as fp16's).
+MATMUL_TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2, "tf32": 2e-3}
+
+
+def check(case: Case, out: torch.Tensor, args, kw, precision: str | None = None) -> tuple[float | None, str | None]:
+    """(relative error against float64 for a matmul, else None; why the result is wrong, or None).
+    `precision`: the lower precision the variant computes at, whose tolerance then applies."""
     if case.op == "matmul":
         ref = getattr(exact, case.op)(*args, **kw)
         err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-        tol = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}[case.dtype]
-        if not err <= tol:
-            return f"relative error {err:.2e} > {tol:.0e}"
-        return None
+        tol = MATMUL_TOLERANCE[precision or case.dtype]
+        return err, None if err <= tol else f"relative error {err:.2e} > {tol:.0e}"
     ref = getattr(native, case.op)(*args, **kw)
     if not torch.equal(out, ref):
-        return f"{(out != ref).sum().item()} elements differ from torch"
-    return None
+        return None, f"{(out != ref).sum().item()} elements differ from torch"
+    return None, None
 
 
 def run_case(case: Case, backends: dict, device, gen, copy_gbps: float | None) -> list[dict]:
     args, kw, nbytes, work = make_call(case, gen, device)
     rows, torch_ms, torch_graph_ms = [], None, None
     for backend, module in backends.items():
-        variants = case.configs.get(backend, [("default", None)]) if backend != "torch" else [("cuBLAS/aten", None)]
+        variants = case.configs.get(backend, [("default", None)]) if backend != "torch" else _torch_variants(case)
         for label, config in variants:
-            fn_op = getattr(module, case.op)
+            fn_op = _with_tf32(getattr(module, case.op)) if label == TORCH_TF32 else getattr(module, case.op)
             extra = {} if backend == "torch" else {"config": config}
             row = dict(group=case.group, op=case.op, backend=backend, dtype=case.dtype,
                        shape="x".join(map(str, case.shape)) + (f":{case.layout}" if case.op == "matmul" else ""),
                        config_label=label, config="" if config is None else str(config))
+            precision = "tf32" if label == TORCH_TF32 else _precision(backend, case, config)
             try:
                 out = fn_op(*args, **kw, **extra)
                 torch.cuda.synchronize()
-                status, problem = "wrong_result", check(case, out, args, kw)
+                error, problem = check(case, out, args, kw, precision)
+                status, row["rel_err"] = "wrong_result", error
             except Exception as exc:  # a failing kernel is a result to report, not a crash
                 status, problem = "error", f"{type(exc).__name__}: {exc}"
             if problem:
@@ -202,7 +236,7 @@ def run_case(case: Case, backends: dict, device, gen, copy_gbps: float | None) -
                 row["graph_tflops"] = work / g.median_ms / 1e9
             else:
                 row["pct_of_copy"] = 100.0 * row["gbps"] / copy_gbps
-            if backend == "torch":
+            if label == TORCH_IEEE:
                 torch_ms, torch_graph_ms = t.median_ms, g.median_ms
             rows.append(row)
     for row in rows:
@@ -210,6 +244,14 @@ def run_case(case: Case, backends: dict, device, gen, copy_gbps: float | None) -
             row["vs_torch"] = torch_ms / row["time_ms"]
             row["graph_vs_torch"] = torch_graph_ms / row["graph_ms"]
     return rows
+
+
+def _precision(backend: str, case: Case, config: dict | None) -> str | None:
+    """The lower precision a twin's config computes at (its space's declaration), or None."""
+    if config is None:
+        return None
+    space = kernel_packages.space(backend, case.op, case.dtype)
+    return space.precision_of({**space.default, **config})
 
 
 def measure_copy(n: int, device) -> float:
@@ -278,7 +320,7 @@ def measure(cases: list[Case], backends: dict, copy_elements: int | None, out: P
     out.parent.mkdir(parents=True, exist_ok=True)
     in_progress = out.with_name(out.name + ".partial")
     columns = ["group", "op", "backend", "dtype", "shape", "config_label", "config", "status", "error",
-               "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
+               "rel_err", "time_ms", "time_p20_ms", "time_p80_ms", "reps", "gbps", "pct_of_copy", "tflops", "vs_torch",
                "graph_ms", "graph_p20_ms", "graph_p80_ms", "graph_gbps", "graph_tflops", "graph_vs_torch", "rep",
                *prov]
     rows = [dict(group="ceiling", op="copy", backend="torch", dtype="fp32", shape=f"{copy_elements}",

@@ -25,7 +25,10 @@ spend ~35 s per GEMM shape. Warm-up, compilation and autotuning are
 
 Each row's speedups are against the torch rows of its own run key (width,
 dtype, protocol, run length, commit): torch eager, and the fastest torch
-variant there (`best_torch_variant`). `--steps N` makes a step-time-only run
+variant there at the run's own precision (`best_torch_variant`): the fp32
+variant with TF32 matmuls (torch-compile-graph-tf32, fp32 runs only) is
+timed, and its loss tracked against eager's, but never the one others are
+held to. `--steps N` makes a step-time-only run
 (run length "N steps", its own key); its accuracy is not the protocol's.
 
 Writes experiments/results/<gpu>/<stem>_<dtype>.csv (stem `compare` for the
@@ -65,6 +68,8 @@ VARIANTS = {
     "torch-compile-max-graph": dict(backend="torch", compile="max-autotune-no-cudagraphs", torch_graph=True),
     "torch-reduce-overhead": dict(backend="torch", compile="reduce-overhead"),
     "torch-max-autotune": dict(backend="torch", compile="max-autotune"),
+    # fp32 only: a lower precision, timed and tracked beside the others, never the "best torch" they are held to.
+    "torch-compile-graph-tf32": dict(backend="torch", compile="default", torch_graph=True, tf32=True),
     "cuda-tuned": dict(backend="cuda", tuned_configs="TUNED"),
     "cuda-tuned-unfused": dict(backend="cuda", tuned_configs="TUNED", fuse=False),
     "cuda-default": dict(backend="cuda", tuned_configs="none"),
@@ -84,6 +89,11 @@ COLUMNS = ["variant", "backend", "hidden", "layers", "batch_size", "dtype", "pro
 # The trainer tests' bar (tests/test_trainer_gpu.py): two correct fp32 runs of the default protocol differ
 # only in rounding order, which SGD with momentum grows from ~1e-6 at step 5 to ~1e-2 at step 100.
 TRACKING = ((5, 1e-4), (100, 5e-2))  # (first steps, largest relative loss difference)
+
+
+def lower_precision(variant: str) -> bool:
+    """Whether the variant computes below its run's dtype (torch's TF32 matmuls in an fp32 run)."""
+    return VARIANTS.get(variant, {}).get("tf32", False)
 
 
 def autotunes(variant: str) -> bool:
@@ -152,7 +162,8 @@ def add_speedups(rows: list[dict]) -> None:
     for run in runs.values():
         torch_rows = [r for r in run if r["backend"] == "torch"]
         eager = next((r for r in torch_rows if r["variant"] == "torch-eager"), None)
-        best = min(torch_rows, key=lambda r: float(r["median_step_us"]), default=None)
+        best = min((r for r in torch_rows if not lower_precision(r["variant"])),
+                   key=lambda r: float(r["median_step_us"]), default=None)
         for r in run:
             us = float(r["median_step_us"])
             r["speedup_vs_torch_eager"] = float(eager["median_step_us"]) / us if eager else ""
@@ -220,7 +231,7 @@ def measure(protocol: str, dtype: str, hidden: list[int], variants: list[str], *
     for h in hidden:
         eager_losses = None  # this width's torch-eager run: the reference
         for variant in ["torch-eager"] + [v for v in variants if v != "torch-eager"]:
-            if autotunes(variant) and h not in autotune_hidden:
+            if (autotunes(variant) and h not in autotune_hidden) or (lower_precision(variant) and dtype != "fp32"):
                 continue
             spec = dict(VARIANTS[variant])
             if spec.get("tuned_configs") == "TUNED":

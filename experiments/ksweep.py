@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                     run = {**common, "WGMMA": 0} if t == "cuda" and args.dtype != "fp32" else common
                     takes.append((t, mod.matmul, {"config": run}, label(cfg), cfg["BLOCK_K"]))
             for backend, fn, extra, name, bk in takes:
-                problem = check(case, fn(a, b, **kw, **extra), (a, b), kw)
+                _, problem = check(case, fn(a, b, **kw, **extra), (a, b), kw)
                 if problem:
                     raise SystemExit(f"ksweep: {backend} {name} {m}x{n}x{k}:{layout}: {problem}")
                 calls.append((dict(layout=layout, K=k, steps=math.ceil(k / bk), backend=backend, config=name),

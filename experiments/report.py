@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import compare
+from experiments.bench_kernels import TORCH_IEEE, TORCH_TF32
 from experiments.paths import results_dir
 from kernels_core.provenance import AS_TEXT
 
@@ -101,16 +102,18 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
             f"Elementwise ops on 256M fp32 elements against a device-to-device copy of {copy:.0f} GB/s "
             f"(bytes read + written), L2 flushed between repetitions; the median of {rounds} rounds and "
             "their range:", "", _table(ew_t), "",
-            "Square matmuls, each twin at its default config and at the store's tuned one (`tuned`), against "
-            "cuBLAS through torch in the same round (fp32 with TF32 off); `vs cuBLAS` is the median of the "
-            "rounds' ratios:", "", _table(gemm_t), ""]
+            "Square matmuls, each twin at its default config"
+            + (", in 3xTF32 on its default tiles (fp32, `tf32x3`)" if (gemm.config_label == "tf32x3").any() else "")
+            + " and at the store's tuned one (`tuned`), against cuBLAS through torch in the same round (fp32 with "
+            "TF32 off" + ("; with it on, `cuBLAS TF32`, a lower precision" if (gemm.config_label == TORCH_TF32).any()
+                          else "") + "); `vs cuBLAS` is the median of the rounds' ratios:", "", _table(gemm_t), ""]
 
 
 def gemms_section(df: pd.DataFrame, commit: str) -> list[str]:
     """The trainer's GEMMs: CUDA-graph replays, the kernels' own time, each against cuBLAS."""
     ok = df[(df.group == "trainer") & (df.status == "ok")]
     t = _rounds(ok, ["dtype", "shape", "backend", "config_label"], "graph_ms")
-    cublas = t[t.backend == "torch"].set_index(["dtype", "shape"])["median"]
+    cublas = t[(t.backend == "torch") & (t.config_label == TORCH_IEEE)].set_index(["dtype", "shape"])["median"]
     t = t[t.backend != "torch"].copy()
     t["x"] = [cublas[(d, s)] / ms for d, s, ms in zip(t.dtype, t["shape"], t["median"])]
     summary = [{"dtype": dtype, "backend": backend, "config": label, "shapes": len(g),
@@ -138,7 +141,7 @@ def headline_steps(df: pd.DataFrame) -> pd.DataFrame:
     speedups."""
     rows = []
     for h, g in df.groupby(df.hidden.astype(int)):
-        torch_rows = g[g.backend == "torch"].sort_values("median_step_us")
+        torch_rows = g[(g.backend == "torch") & ~g.variant.map(compare.lower_precision)].sort_values("median_step_us")
         best = torch_rows.iloc[0]
         eager = torch_rows[torch_rows.variant == "torch-eager"].median_step_us
         row = {"H": h}

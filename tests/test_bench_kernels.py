@@ -26,14 +26,27 @@ def test_trainer_group_times_a_tuned_config_only_for_its_exact_shape():
     store.put({"op": "matmul", "backend": "cuda", "dtype": "fp16", "shape": "4096x4096x4096:nn", "config": tuned})
     cases = {(c.dtype, c.shape, c.layout): c for c in bench_kernels.trainer_cases(store)}
     exact = cases[("fp32", (128, 1024, 784), "nn")]
-    assert exact.configs["triton"] == [("default", None), ("tuned", tuned)]
+    # fp32: each twin whose space has the TF32 tunable is timed in 3xTF32 too.
+    assert exact.configs["triton"] == [("default", None), ("tf32x3", {"TF32": 3}), ("tuned", tuned)]
     assert exact.configs["cuda"] == [("default", None)]
     near = cases[("fp32", (128, 1024, 1024), "nn")]  # the store's lookup would offer a nearest shape: not timed
-    assert near.configs["triton"] == [("default", None)]
+    assert near.configs["triton"] == [("default", None), ("tf32x3", {"TF32": 3})]
     square = {(c.dtype, c.shape): c for c in bench_kernels.gemm_cases([("fp16", 4096), ("fp16", 4095)], store)}
     assert square[("fp16", (4096,) * 3)].configs == {"cuda": [("default", None), ("tuned", tuned)],
                                                      "triton": [("default", None)]}
     assert square[("fp16", (4095,) * 3)].configs["cuda"] == [("default", None)]
+
+
+def test_fp32_products_time_torch_with_tf32_on_beside_ieee_cublas():
+    fp32, fp16 = (bench_kernels.Case("gemm", "matmul", dt, (64,) * 3) for dt in ("fp32", "fp16"))
+    assert bench_kernels._torch_variants(fp32) == [("cuBLAS/aten", None), ("cuBLAS TF32", None)]
+    assert bench_kernels._torch_variants(fp16) == [("cuBLAS/aten", None)]
+    import torch
+
+    seen = []
+    call = bench_kernels._with_tf32(lambda: seen.append(torch.backends.cuda.matmul.allow_tf32))
+    call()
+    assert seen == [True] and torch.backends.cuda.matmul.allow_tf32 is False
 
 
 def test_trainer_group_at_chosen_widths_holds_those_widths_gemms_only():

@@ -15,10 +15,17 @@ def test_bench_check_refuses_a_wrong_matmul_and_passes_a_right_one(rng):
     args, kw, nbytes, work = bench_kernels.make_call(case, rng, torch.device("cpu"))
     assert args[0].shape == (129, 33) and work == 2 * 33 * 17 * 129
     right = torch.relu(args[0].t() @ args[1] + kw["bias"])
-    assert bench_kernels.check(case, right, args, kw) is None
+    error, problem = bench_kernels.check(case, right, args, kw)
+    assert problem is None and 0 < error < 1e-6  # the row's rel_err
     wrong = right.clone()
     wrong[-1, -1] += 1.0
-    assert "relative error" in bench_kernels.check(case, wrong, args, kw)
+    assert "relative error" in bench_kernels.check(case, wrong, args, kw)[1]
+    # A TF32 product (10 mantissa bits): wrong at fp32's tolerance, right at TF32's, its error recorded.
+    bits = args[0].view(torch.int32) & ~0x1FFF, args[1].view(torch.int32) & ~0x1FFF
+    tf32 = torch.relu(bits[0].view(torch.float32).t() @ bits[1].view(torch.float32) + kw["bias"])
+    error, problem = bench_kernels.check(case, tf32, args, kw)
+    assert "relative error" in problem and 1e-5 < error < 2e-3
+    assert bench_kernels.check(case, tf32, args, kw, "tf32") == (error, None)
 
 
 def test_bench_check_of_elementwise_ops_is_exact(rng):
@@ -26,9 +33,9 @@ def test_bench_check_of_elementwise_ops_is_exact(rng):
     args, kw, nbytes, _ = bench_kernels.make_call(case, rng, torch.device("cpu"))
     assert nbytes == 3 * 7 * 129 * 4
     out = torch.where(args[1] <= 0, 0.0, args[0])
-    assert bench_kernels.check(case, out, args, kw) is None
+    assert bench_kernels.check(case, out, args, kw) == (None, None)
     out.view(-1)[5] = float("nan")
-    assert "differ" in bench_kernels.check(case, out, args, kw)
+    assert "differ" in bench_kernels.check(case, out, args, kw)[1]
 
 
 def test_loss_curve_file_keeps_other_widths(tmp_path):
@@ -101,7 +108,7 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
 
     def fake_train(cfg):
         trained.append((cfg.backend, cfg.compile, cfg.torch_graph, cfg.hidden, cfg.steps))
-        us = 150.0 if cfg.backend == "cuda" else step_us[cfg.torch_graph, cfg.compile][cfg.hidden == 1024]
+        us = 150.0 if cfg.backend == "cuda" else 50.0 if cfg.tf32 else step_us[cfg.torch_graph, cfg.compile][cfg.hidden == 1024]
         losses = [2.0, 1.5, 1.2, 1.0, 0.9][:3 if cfg.steps else 5]
         if cfg.backend == "cuda":
             losses[1] *= 1 + 1e-3  # beyond 1e-4 over the first steps
@@ -121,16 +128,18 @@ def test_compare_measures_each_row_against_the_fastest_torch_variant_of_its_own_
     monkeypatch.setattr(compare, "provenance", lambda: {"commit": "abc"})
     common = ["--protocol", "default", "--tuned-configs", str(tmp_path / "no_store.json")]
     assert compare.main([*common, "--hidden", "128,1024", "--max-autotune-hidden", "128",
-                         "--variants", "torch-graph,torch-compile-max-graph,cuda-default"]) == 0
+                         "--variants", "torch-graph,torch-compile-max-graph,cuda-default,torch-compile-graph-tf32"]) == 0
     assert [t[1] for t in trained].count("max-autotune-no-cudagraphs") == 1  # at H=128 only
     assert compare.main([*common, "--hidden", "128", "--steps", "300", "--variants", "torch-eager,cuda-default"]) == 0
-    assert len(trained) == 9 and trained[-1][-1] == 300
+    assert len(trained) == 11 and trained[-1][-1] == 300
 
     csv_path = next(results.glob("*/trainer_fp32.csv"))
     rows = pd.read_csv(csv_path).set_index(["variant", "hidden", "run_length"])
     full, timing = "10 epochs", "300 steps"
+    # The TF32 variant (the fastest here) is a lower precision: never the best torch a row is held to.
     assert rows.loc[("cuda-default", 128, full), "best_torch_variant"] == "torch-compile-max-graph"
     assert rows.loc[("cuda-default", 128, full), "speedup_vs_best_torch"] == 100.0 / 150.0
+    assert rows.loc[("torch-compile-graph-tf32", 128, full), "speedup_vs_best_torch"] == 100.0 / 50.0
     assert rows.loc[("cuda-default", 128, full), "speedup_vs_torch_eager"] == 1000.0 / 150.0
     assert rows.loc[("cuda-default", 1024, full), "best_torch_variant"] == "torch-graph"
     assert rows.loc[("cuda-default", 1024, full), "speedup_vs_best_torch"] == 90.0 / 150.0

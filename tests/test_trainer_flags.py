@@ -108,6 +108,29 @@ def test_torch_graph_needs_a_gpu(has_gpu, monkeypatch, capsys):
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "needs a GPU" in err, err
 
 
+@pytest.mark.parametrize("args", [["--backend", "triton", "--tf32"], ["--dtype", "fp16", "--tf32"]])
+def test_tf32_is_refused_where_it_would_change_nothing(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        from_args(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "--tf32 applies to fp32 runs of the torch" in err
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_a_run_sets_torchs_tf32_flag_as_asked_and_puts_it_back(tf32, monkeypatch):
+    import torch
+
+    seen, flag = [], torch.backends.cuda.matmul
+    monkeypatch.setattr(train_module, "_train", lambda config: seen.append(flag.allow_tf32))
+    before = flag.allow_tf32
+    flag.allow_tf32 = not tf32
+    try:
+        train_module.train(from_args(["--tf32"] if tf32 else []))
+        assert seen == [tf32] and flag.allow_tf32 == (not tf32)
+    finally:
+        flag.allow_tf32 = before
+
+
 CTRL_C_AT_TORCH = """\
 import os, signal, sys
 

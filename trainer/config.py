@@ -55,6 +55,7 @@ class Config:
     fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
+    tf32: bool = False  # torch backend, fp32: matmuls on TF32 tensor cores (allow_tf32), a lower precision
     eval_every: int = 0  # steps between test evaluations; 0: end of each epoch
     progress: bool = True
 
@@ -69,6 +70,9 @@ class Config:
             raise ValueError(f"--compile {self.compile} already uses CUDA graphs; drop --torch-graph")
         if (self.compile or self.torch_graph) and self.backend != "torch":
             raise ValueError("--compile and --torch-graph apply to the torch backend only")
+        if self.tf32 and (self.backend != "torch" or self.dtype != "fp32"):
+            raise ValueError("--tf32 applies to fp32 runs of the torch backend (the cuda and triton backends take "
+                             "TF32 from their configs' TF32 tunable)")
         if not self.fuse and self.backend == "torch":
             raise ValueError("--no-fuse applies to the cuda and triton backends only")
         if not self.graph and self.backend == "torch":
@@ -172,6 +176,9 @@ def parser() -> argparse.ArgumentParser:
                    help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,
                    help="torch backend: capture the whole step (forward, backward, SGD) in a CUDA graph")
+    p.add_argument("--tf32", action="store_const", const=True,
+                   help="torch backend, fp32: matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32), "
+                        "about 1e-3 relative error per product")
     p.add_argument("--eval-every", type=int, help="steps between test evaluations (default: every epoch)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False,
                    help="no progress bar (the default when stderr is not a terminal, e.g. a log file)")

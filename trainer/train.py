@@ -195,6 +195,16 @@ def _rows_in(csv_path: Path) -> int:
 
 
 def train(config: Config) -> Summary:
+    # torch's fp32 matmuls take TF32 only when asked (--tf32); the flag is the process's, so it is put back.
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = config.tf32
+    try:
+        return _train(config)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _train(config: Config) -> Summary:
     runs = _runs_dir(config)
     device, data, backend, configs, batches, stepper = build(config)
     spe = batches.steps_per_epoch
