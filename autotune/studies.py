@@ -15,8 +15,9 @@ A repeat is never a trial:
   told its recorded result;
 - a config another trial is measuring now is dropped (FAIL, which samplers
   ignore): its result reaches the sampler when that trial ends;
-and the sampler is asked again, at most `max(50, 2 * budget)` times in a row. A
-study whose valid configs are all measured ends early and says so.
+and the sampler is asked again, at most `max(50, 2 * budget)` times in a row (more in a
+sparse space: StudyRunner.patience). A study whose valid configs are all measured ends early
+and says so.
 
 Optuna provides ask/tell. What it cannot do is kept here:
 - An exact budget over several processes, and no config measured twice:
@@ -30,6 +31,7 @@ Optuna provides ask/tell. What it cannot do is kept here:
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -96,6 +98,14 @@ class StudyRunner:
 
     def __post_init__(self) -> None:
         self._valid = None if self.view.valid is None else {config_key(c) for c in self.view.valid}
+        # A sampler that suggests each tunable on its own hits a valid config once in 1 / density
+        # suggestions (the valid share of the product of the values it draws from): 10 / density in
+        # a row all invalid has a chance of e^-10, however sparse the space (a union of kernels,
+        # each with tunables the other fixes). Invalid suggestions cost a rule check, no compile.
+        self.patience = max(50, 2 * self.budget)
+        if self.view.valid:
+            product = math.prod(len(values) for values in self.view.values.values())
+            self.patience = max(self.patience, math.ceil(10 * product / len(self.view.valid)))
 
     def measured(self) -> int:
         """Finished trials that count toward the budget, from every process."""
@@ -189,7 +199,7 @@ class StudyRunner:
                 else:  # "in flight": its result reaches the sampler when the trial measuring it ends
                     self._drop(trial)
             streak += 1
-            if streak >= max(50, 2 * self.budget):
+            if streak >= self.patience:
                 self.ended = f"the sampler proposed {streak} invalid or measured configs in a row"
                 return None
 

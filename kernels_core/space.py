@@ -146,9 +146,39 @@ class Space:
         return n
 
     def configs(self, elt: int, arch: int = 90) -> Iterator[dict[str, int]]:
-        """Every config that passes the restrictions, in a fixed order."""
+        """Every config that passes the restrictions, in the order of the product of the params.
+
+        Found depth first, a tunable at a time, the tunables that most rules name first: a rule is
+        judged as soon as the values chosen so far decide it (a rule that needs a tunable not yet
+        chosen raises NameError, and waits), so a subtree one rule refuses is never walked. A space
+        whose rules hold for one kernel or another (`not (TF32 == 0) or ...`) is then walked kernel
+        by kernel, not over the product of both kernels' tunables."""
         names = list(self.params)
-        for values in itertools.product(*(self.params[n] for n in names)):
-            config = dict(zip(names, values))
-            if self.violated(config, elt, arch) is None:
-                yield config
+        rules = [code for _, _, code in self._rules]
+        named = [sum(name in code.co_names for code in rules) for name in names]
+        order = sorted(range(len(names)), key=lambda i: -named[i])
+        found = []
+
+        def walk(depth: int, env: dict, pending: list) -> None:
+            if depth == len(order):  # a rule still waiting names something no tunable is: let it raise
+                if all(eval(code, {}, env) for code in pending):
+                    found.append(dict(env))
+                return
+            name = names[order[depth]]
+            for value in self.params[name]:
+                env[name] = value
+                left = []
+                for code in pending:
+                    try:
+                        if not eval(code, {}, env):
+                            break
+                    except NameError:
+                        left.append(code)
+                else:
+                    walk(depth + 1, env, left)
+            del env[name]
+
+        walk(0, {"elt": elt, "arch": arch}, rules)
+        index = {name: {v: i for i, v in enumerate(values)} for name, values in self.params.items()}
+        for config in sorted(found, key=lambda c: [index[n][c[n]] for n in names]):
+            yield {n: config[n] for n in names}

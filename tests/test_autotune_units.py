@@ -542,6 +542,21 @@ def test_a_sampler_that_only_repeats_itself_is_asked_a_bounded_number_of_times()
     assert runner.ended == "the sampler proposed 60 invalid or measured configs in a row"
 
 
+def test_a_sparse_space_gets_ten_suggestions_per_valid_share_in_a_row():
+    """3 valid configs among 20 x 20 combinations: a sampler drawing each tunable on its own hits one
+    in 133 suggestions, so the study waits through 1334 invalid ones in a row (a chance of e^-10 to
+    give up on a space that has some left), not max(50, 2 x budget); the random sampler then
+    finds all three."""
+    values = {"A": list(range(20)), "B": list(range(20))}
+    check = lambda c: None if c["A"] == c["B"] < 3 else "off the diagonal"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    runner = _runner(study, 3, values, check)
+    assert runner.patience == 1334
+    assert sorted(c["A"] for c in _run(runner)) == [0, 1, 2] and not runner.ended.startswith("the sampler")
+    dense = _runner(optuna.create_study(), 30, {"B": [1, 2]})
+    assert dense.patience == 60
+
+
 def test_configs_measured_under_another_prefix_are_reused(storage_url):
     """A config measured by a study of the same target/op/backend/dtype/shape under another
     prefix is told its result at no cost, never measured again."""

@@ -1,4 +1,7 @@
-"""The shared contract: Space checks (and their memo) and matrix_layout on odd views."""
+"""The shared contract: Space checks (and their memo), its walk of the valid configs, and matrix_layout
+on odd views."""
+import itertools
+
 import pytest
 import torch
 
@@ -21,6 +24,50 @@ def test_rules_and_costs():
     assert "arch >= 80" in SPACE.violated({"BLOCK": 256, "num_warps": 4}, 4, arch=75)
     assert SPACE.cost({"BLOCK": 256, "num_warps": 8}, elt=2) == {"threads": 256, "smem_bytes": 512}
     assert len(list(SPACE.configs(4, arch=90))) == 6 and len(list(SPACE.configs(4, arch=75))) == 3
+
+
+def brute_force(space: Space, elt: int, arch: int) -> list[dict]:
+    """Every config of the product of the values that no rule refuses, in product order."""
+    names = list(space.params)
+    combos = (dict(zip(names, values)) for values in itertools.product(*space.params.values()))
+    return [c for c in combos if space.violated(c, elt, arch) is None]
+
+
+def test_configs_walks_a_kernel_union_kernel_by_kernel_and_finds_what_the_product_does():
+    """A space of two kernels, each with a tunable the other ignores (fixed there), and a rule on a
+    name no tunable is, which the walk must still raise on rather than pass."""
+    union = Space(params={"BLOCK": (16, 32, 64), "THREADS": (1, 2, 4), "WARPS": (1, 2), "KERNEL": (0, 1)},
+                  default={"BLOCK": 16, "THREADS": 1, "WARPS": 1, "KERNEL": 0},
+                  restrictions=("not (KERNEL == 0) or WARPS == 1", "not (KERNEL == 1) or THREADS == 1",
+                                "BLOCK >= 16 * THREADS * WARPS", "arch >= 80 or KERNEL == 0"))
+    for arch in (75, 90):
+        assert list(union.configs(4, arch)) == brute_force(union, 4, arch)
+    assert len(list(union.configs(4, 90))) == 3 + 2 + 1 + 3 + 2
+    broken = Space(params={"BLOCK": (16, 32)}, default={"BLOCK": 16}, restrictions=("BLOCK <= LIMIT",))
+    with pytest.raises(NameError, match="LIMIT"):
+        list(broken.configs(4))
+
+
+@pytest.mark.slow  # the products of the spaces' values: seconds
+@pytest.mark.parametrize("twin", ["triton", "cuda"])
+def test_every_space_of_the_twins_walks_to_the_products_configs(twin):
+    """Both twins' spaces, every op and dtype at sm_75, sm_80 and sm_90 (the CUDA fp32 matmul union,
+    756,000 value combinations, at sm_90 only: its product takes seconds)."""
+    import importlib
+
+    from kernels_core import contract
+
+    ops = importlib.import_module(f"kernels_{twin}")
+    seen = set()
+    for op in contract.OPS:
+        for dtype, info in contract.DTYPES.items():
+            space = ops.space(op, dtype)
+            for arch in (90,) if space.size() > 100_000 else (75, 80, 90):
+                if (id(space), arch) in seen or (space.size() > 100_000 and op != "matmul"):
+                    continue
+                seen.add((id(space), arch))
+                assert list(space.configs(info.itemsize, arch)) == brute_force(space, info.itemsize, arch), \
+                    (op, dtype, arch)
 
 
 @pytest.mark.parametrize("bad", [True, 128.0, "128", [128], None])
