@@ -65,6 +65,9 @@ template <> struct Elt<DT_BF16> {
     static __device__ __forceinline__ T store(float v) { return f32_to_bf16(v); }
 };
 
+// The storage type of dtype code DT (float, or the raw 16 bits of a half or bfloat16).
+template <int DT> using EltT = typename Elt<DT>::T;
+
 // N elements moved by one (or, past 16 bytes, a few) vector instructions.
 // The host only picks N when the pointer is aligned to min(N * sizeof(T), 16).
 template <typename T, int N>

@@ -1,5 +1,6 @@
 """linear_cross_entropy and linear_sgd: a training step's small kernels folded into a GEMM's
-epilogue, on the matmul kernels (matmul_simt.cu for fp32, matmul_tc.cu for fp16/bf16; the
+epilogue, on the matmul kernels (matmul_simt.cu for exact fp32, matmul_tc.cu for fp16/bf16 and
+fp32 in TF32; the
 epilogues are fused.cuh's "fused paths"), with matmul's search spaces: linear_sgd's without
 split-K (its epilogue updates the weights in place, which one block per tile must do alone).
 """
@@ -28,14 +29,25 @@ def _mma_only(dtype: str, **fixed) -> dict:
     return params
 
 
+# The epilogues hold more per thread than a store (fused.cuh), and 3xTF32 holds each fragment's
+# big and small parts beside the 128 fp32 accumulators of a 64 x 64 warp tile: ptxas (sm_90)
+# spilled 48-176 bytes in linear_sgd at every such tile, and in linear_cross_entropy at one.
+_FUSED_RULES = {"fp32": ("TF32 != 3 or BLOCK_M * BLOCK_N <= 2048 * num_warps  # 3xTF32: warp tiles of at most "
+                         "64 x 32 outputs in the fused epilogues",)}
+
+
+def _fused_rules(dtype: str) -> tuple[str, ...]:
+    return mm.space_for(dtype).restrictions + _FUSED_RULES.get(dtype, ())
+
+
 _SPACES = {
     "linear_cross_entropy": {
-        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype),
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype), restrictions=_fused_rules(dtype),
                        notes=mm.space_for(dtype).notes.partition("; on sm_90")[0] + "; softmax cross-entropy in "
                        "the epilogue of the last slice, one tile per row: a call refuses BLOCK_N < N")
         for dtype in contract.DTYPES},
     "linear_sgd": {
-        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype, SPLIT_K=(1,)),
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype, SPLIT_K=(1,)), restrictions=_fused_rules(dtype),
                        notes=re.split("[;:]", mm.space_for(dtype).notes)[0] + "; SGD step in the epilogue, no split-K")
         for dtype in contract.DTYPES},
 }
@@ -50,7 +62,7 @@ def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int
     x^T by linear_sgd), 16-byte loads, linear_cross_entropy with a bias, no gathered rows."""
     vec = mm.VEC_BYTES // contract.DTYPES[dtype].itemsize
     a_kc, has_bias, epi = (True, True, "xent") if op == "linear_cross_entropy" else (False, False, "sgd")
-    if dtype == "fp32":
+    if mm.on_simt(dtype, cfg):
         variant = mm.simt_variant(cfg, a_kc, False, vec, vec, has_bias, False, False, epi)
     else:
         variant = mm.tc_variant(cfg, dtype, arch, a_kc, False, vec, vec, has_bias, False, False, False, epi)

@@ -1,5 +1,5 @@
-"""matmul: fp32 on CUDA cores (matmul_simt.cu), fp16/bf16 on tensor cores
-(matmul_tc.cu); the search spaces of both kernels live here as data, and so
+"""matmul: exact fp32 on CUDA cores (matmul_simt.cu), fp16/bf16 and fp32 in TF32 on tensor cores
+(matmul_tc.cu, matmul_wgmma.cu); the search spaces of the kernels live here as data, and so
 do the parts of a launch the fused ops (fused.py) share with matmul: operand
 layouts, variants, the kernels' parameter list."""
 from __future__ import annotations
@@ -185,7 +185,34 @@ TC_SPACE = Space(
 # bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
 TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
 
-_SPACES = {"fp32": SIMT_SPACE, "fp16": TC_SPACE, "bf16": TC_BF16_SPACE}
+# fp32: the SIMT kernel multiplies exactly (TF32 = 0); TF32 = 3 (3xTF32) and TF32 = 1 (plain TF32,
+# a lower precision the tuner tries only when asked) run on the mma.sync kernel's TF32 tensor cores
+# (matmul_tc.cu's header says how it splits the operands). Each kernel keeps its own tunables and
+# rules; the other's tunables are fixed at their defaults (num_warps 4 for SIMT, 8 x 8 thread tiles
+# for the tensor cores), so that no config is one of the other kernel's under another name. TF32
+# tiles take at least two m16n8k8 steps a stage (BLOCK_K >= 16) in a cp.async ring.
+_TF32_RULES = (
+    "arch >= 80  # TF32 tensor cores start at sm_80",
+    "THREAD_M == 8 and THREAD_N == 8  # the SIMT kernel's thread tiles: fixed at its default",
+    "num_stages >= 2 and BLOCK_K in (16, 32)  # a cp.async ring; k rows of 64 or 128 bytes, 2 or 4 k8 mma steps",
+    *_MMA_SYNC_RULES,
+)
+FP32_SPACE = Space(
+    params={**SIMT_SPACE.params, "num_warps": (1, 2, 4, 8), "TF32": (0, 3, 1)},
+    default={**SIMT_SPACE.default, "num_warps": 4, "TF32": 0},
+    restrictions=(
+        *(_when("TF32 == 0", rule) for rule in SIMT_SPACE.restrictions),
+        "TF32 > 0 or num_warps == 4  # the tensor cores' warp count: fixed for the SIMT kernel",
+        *(_when("TF32 > 0", rule) for rule in _TF32_RULES),
+    ),
+    threads=f"{SIMT_THREADS} if TF32 == 0 else 32 * num_warps",
+    smem_bytes=f"({SIMT_SPACE.smem_bytes}) if TF32 == 0 else num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * elt",
+    notes=SIMT_SPACE.notes + "; TF32 = 3 (3xTF32) and 1 (TF32, lower precision): mma.sync m16n8k8 on the "
+          "tensor cores, sm_80 and newer",
+    lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
+)
+
+_SPACES = {"fp32": FP32_SPACE, "fp16": TC_SPACE, "bf16": TC_BF16_SPACE}
 
 
 def space_for(dtype: str) -> Space:
@@ -214,11 +241,13 @@ def simt_variant(cfg, a_kc, b_kc, va, vb, has_bias, relu, a_rows=False, epi="pla
 
 
 def tc_variant(cfg, dtype, arch, a_kc, b_kc, va, vb, has_bias, relu, acc16, a_rows=False, epi="plain") -> rt.Variant:
+    """va, vb: elements per copy; the kernel copies 16-bit halves (an fp32 element is two)."""
     warps_m, warps_n = warp_grid(cfg)
+    halves = contract.DTYPES[dtype].itemsize // 2
     return rt.Variant("matmul_tc.cu", "matmul_tc_kernel", (
         cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], warps_m, warps_n, cfg["num_stages"],
-        va, vb, cfg["GROUP_M"], cfg["SPLIT_K"], rt.DT_CODE[dtype], int(a_kc), int(b_kc), int(has_bias), int(relu),
-        int(acc16), int(arch >= 80), int(a_rows), rt.EPI_CODE[epi]))
+        va * halves, vb * halves, cfg["GROUP_M"], cfg["SPLIT_K"], rt.DT_CODE[dtype], int(a_kc), int(b_kc),
+        int(has_bias), int(relu), int(acc16), int(arch >= 80), cfg.get("TF32", 0), int(a_rows), rt.EPI_CODE[epi]))
 
 
 def wgmma_variant(cfg, dtype, a_kc, b_kc, has_bias, relu, c_pairs) -> rt.Variant:
@@ -228,10 +257,15 @@ def wgmma_variant(cfg, dtype, a_kc, b_kc, has_bias, relu, c_pairs) -> rt.Variant
         int(a_kc), int(b_kc), int(has_bias), int(relu), int(c_pairs)), sm_suffix="a")
 
 
+def on_simt(dtype: str, cfg) -> bool:
+    """Whether a config runs on the SIMT kernel: exact fp32 (TF32 = 0); the rest take the tensor cores."""
+    return dtype == "fp32" and not cfg["TF32"]
+
+
 def variant(dtype: str, arch: int, cfg, ops: "Operands", *, has_bias=False, relu=False, acc16=False,
             epi="plain") -> rt.Variant:
-    """The kernel variant of a call: SIMT for fp32, tensor cores otherwise."""
-    if dtype == "fp32":
+    """The kernel variant of a call: SIMT for exact fp32, tensor cores otherwise."""
+    if on_simt(dtype, cfg):
         return simt_variant(cfg, ops.a_kc, ops.b_kc, ops.va, ops.vb, has_bias, relu, ops.a_rows is not None, epi)
     return tc_variant(cfg, dtype, arch, ops.a_kc, ops.b_kc, ops.va, ops.vb, has_bias, relu, acc16,
                       ops.a_rows is not None, epi)
@@ -335,9 +369,9 @@ def check_arch(dtype: str, arch: int, name: str) -> None:
 def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int]:
     """What compile reports measure: row-major A and B, 16-byte loads, no epilogue extras."""
     vec = VEC_BYTES // contract.DTYPES[dtype].itemsize
-    if dtype == "fp32":
+    if on_simt(dtype, cfg):
         variant = simt_variant(cfg, True, False, vec, vec, False, False)
-    elif cfg["WGMMA"]:
+    elif cfg.get("WGMMA"):
         variant = wgmma_variant(cfg, dtype, True, False, False, False, True)
     else:
         variant = tc_variant(cfg, dtype, arch, True, False, vec, vec, False, False, False)

@@ -1,4 +1,4 @@
-// fp16 / bf16 matmul on the tensor cores with warp-level mma.sync:
+// fp16 / bf16 matmul on the tensor cores with warp-level mma.sync, and fp32 on their TF32 path:
 // C = act(op(A) @ op(B) + bias), C row-major M x N in the inputs' dtype.
 // Build alone, no GPU needed (registers, shared memory and spills of the default configs):
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/matmul_tc.cu
@@ -44,6 +44,17 @@
 //  - A_ROWS, EPI: the fused paths (fused.cuh), each compiling nothing when off. A_ROWS reads A's
 //    stored rows through the index vector a_rows (matmul's a_rows, linear_sgd's x_rows); EPI
 //    picks the epilogue: matmul's relu_grad_of, linear_cross_entropy, linear_sgd.
+//  - DT = fp32 with TF32 = 1 or 3 (sm_80 and newer): the same tiles, copies and epilogues on fp32
+//    elements, which the tiles move as pairs of halves (TcTile's EH), and m16n8k8 TF32 mmas. TF32
+//    = 1 rounds each fragment register to TF32 (cvt.rna: to nearest, ties away) and takes one
+//    product: about 2^-11 relative error per product, a lower precision. TF32 = 3 (3xTF32) splits
+//    each register as it leaves shared memory, x = big + small with big = tf32(x) and small =
+//    tf32(x - big), and sums small * big + big * small + big * big in the fp32 accumulators:
+//    what it drops is at most 3 * 2^-22 |a||b| per product, the level of fp32's own rounding
+//    (kernels_triton/matmul.py's docstring has the bound). Three times the mmas of TF32 = 1 on
+//    the same tile, about a third of the tensor cores' TF32 rate, which is several times the
+//    FMA units' fp32. Where k is the tiles' contiguous dimension ldmatrix still gives the
+//    fragments (mma_stage); where it runs along their rows each register is a 32-bit shared load.
 #include "dtypes.cuh"
 #include "fused.cuh"
 #include "ptx.cuh"
@@ -118,6 +129,36 @@ __device__ __forceinline__ void mma_16816(Acc<1>& c, const u32 (&a)[4], const u3
     }
 }
 
+// c += a (16 x 8, row) * b (8 x 8, col) on TF32 tensor cores (sm_80 and newer): a0 (g, t),
+// a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t, n g), b1 (k t + 4, n g); fp32 bits
+// whose low 13 mantissa bits the tensor cores ignore.
+__device__ __forceinline__ void mma_1688_tf32(Acc<0>& c, const u32 (&a)[4], const u32 (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// fp32 bits rounded to TF32 (10 mantissa bits), to nearest, ties away from zero.
+__device__ __forceinline__ u32 to_tf32(u32 x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(x)));
+    return r;
+}
+
+// 3xTF32's split of a fragment register: x = big + rest with big = tf32(x), so |rest| <= 2^-11 |x|,
+// exact in fp32; small = tf32(rest).
+__device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
+    big = to_tf32(x);
+    small = to_tf32(__float_as_uint(__uint_as_float(x) - __uint_as_float(big)));
+}
+
+// 32 bits of shared memory at a shared-space address.
+__device__ __forceinline__ u32 lds32(u32 addr) {
+    u32 r;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(addr));
+    return r;
+}
+
 __device__ __forceinline__ float acc_get(const Acc<0>& c, int i) { return c.v[i]; }
 
 __device__ __forceinline__ float acc_get(const Acc<1>& c, int i) {
@@ -139,7 +180,11 @@ __device__ __forceinline__ void acc_set(Acc<1>& c, int i, float x) {
 // GATHER: X's rows are read through the index vector `rows` of X's
 // `stored` rows: row r0 + r is X + rows[r0 + r] * ld, a row of zeros where
 // fused.cuh's gathered_row says so.
-template <int ROWS, int COLS, int V, int T, int GATHER = 0>
+// The tile is kept and copied in halves (16-bit units): an fp32 matrix (TF32) is read as one of
+// EH = 2 times the columns, each element two consecutive halves. COLS, V, the shared layout and
+// the copies count halves; the callers' coordinates along the columns (c0, CN, a k step's k0
+// there) and leading dimensions count elements, and are scaled here.
+template <int ROWS, int COLS, int V, int T, int GATHER = 0, int EH = 1>
 struct TcTile {
     static_assert(COLS % 16 == 0, "rows of whole 32-byte sectors");
     static constexpr int LD_S = COLS;          // halves per shared row
@@ -163,17 +208,17 @@ struct TcTile {
     static __device__ __forceinline__ int chunk(int c, const u16* X, i64 ld, int r0, int c0, int R, int CN,
                                                 const i64* rows, i64 stored, const u16*& src, int& s_off) {
         const int r = c / (COLS / V), col = (c % (COLS / V)) * V;
-        const int gr = r0 + r, gc = c0 + col;
+        const int gr = r0 + r, gc = c0 * EH + col;
         s_off = at(r, col);
-        const int left = CN - gc;
+        const int left = CN * EH - gc;
         if constexpr (GATHER) {
             const i64 row = gathered_row(rows, gr, R, stored);
             const int n_ok = row >= 0 ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
-            src = n_ok > 0 ? X + row * ld + gc : X;
+            src = n_ok > 0 ? X + row * ld * EH + gc : X;
             return n_ok;
         }
         const int n_ok = gr < R ? (left < 0 ? 0 : (left < V ? left : V)) : 0;
-        src = n_ok > 0 ? X + (i64)gr * ld + gc : X;  // never form an address past the edge
+        src = n_ok > 0 ? X + (i64)gr * ld * EH + gc : X;  // never form an address past the edge
         return n_ok;
     }
 
@@ -215,18 +260,19 @@ struct TcTile {
         __device__ __forceinline__ Async(const u16* X, u16* Xs, i64 ld, int origin, int R, int CN,
                                          const i64* rows = nullptr, i64 stored = 0) {
             const int r = threadIdx.x / CPR, col = (threadIdx.x % CPR) * V;
-            next = X + (K_ROWS ? (i64)r * ld + origin + col : (i64)(origin + r) * ld + col);
-            step = K_ROWS ? (i64)ROWS * ld : COLS;
-            dp = DR * ld + DC;
+            const i64 ldh = ld * EH;  // halves
+            next = X + (K_ROWS ? (i64)r * ldh + origin * EH + col : (i64)(origin + r) * ldh + col);
+            step = K_ROWS ? (i64)ROWS * ldh : COLS;
+            dp = DR * ldh + DC;
             rows_left = R - r - (K_ROWS ? 0 : origin);
-            cols_left = CN - col - (K_ROWS ? origin : 0);
+            cols_left = CN * EH - col - (K_ROWS ? origin * EH : 0);
 #pragma unroll
             for (int d = 0; d < NDST; ++d) dst[d] = smem_addr(Xs + at(r + d * DR, col));
             if constexpr (GATHER && !K_ROWS) {
 #pragma unroll
                 for (int p = 0; p < PER_THREAD; ++p) {
                     const i64 row = gathered_row(rows, origin + r + p * DR, R, stored);
-                    row_at[p] = row >= 0 ? X + row * ld + col + p * DC : X;
+                    row_at[p] = row >= 0 ? X + row * ldh + col + p * DC : X;
                     row_bytes[p] = row >= 0 ? 2 * V : 0;
                 }
             }
@@ -250,14 +296,14 @@ struct TcTile {
         __device__ __forceinline__ void load(const u16* X, int s, int k0) {
             static_assert(V >= 2 && (!GATHER || !K_ROWS) && STRIDED, "2-byte chunks, gathered rows along k, rows "
                                                                      "of more chunks than threads take load_async");
-            const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0);
+            const int rows = rows_left - (K_ROWS ? k0 : 0), cols = cols_left - (K_ROWS ? 0 : k0 * EH);
             if constexpr (GATHER) {
 #pragma unroll
                 for (int p = 0; p < PER_THREAD; ++p) {
                     if (CHUNKS % T != 0 && threadIdx.x + p * T >= CHUNKS) break;
                     const int left = cols - p * DC;
                     const int n_bytes = WHOLE ? row_bytes[p] : row_bytes[p] && left > 0 ? 2 * (left < V ? left : V) : 0;
-                    cp_async<2 * V>(to(s, p), n_bytes ? row_at[p] + k0 : X, n_bytes);
+                    cp_async<2 * V>(to(s, p), n_bytes ? row_at[p] + k0 * EH : X, n_bytes);
                 }
                 return;
             }
@@ -341,11 +387,14 @@ struct TcTile {
 // sit in C, and the steps of its main loop the kernel calls: the sends for the epilogue's reads,
 // a stage's mmas, linear_sgd's bias sums and split-K's sums.
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int DT, int A_KC, int B_KC,
-          int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
+          int HAS_BIAS, int RELU, int ACC16, int SM80, int TF32, int A_ROWS, int EPI>
 struct TcBlock {
     static constexpr int T = 32 * WARPS_M * WARPS_N;
     static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     static constexpr int MT = WM / 16, NT = WN / 8;
+    typedef typename Elt<DT>::T ET;                   // the operands' and C's element type
+    static constexpr int EH = sizeof(ET) / 2;         // halves per element: 2 for fp32 (TF32)
+    static constexpr int KH = 16;                     // halves of k per mma step: k16 (16-bit), k8 (TF32)
     // Blocks of more than 512 outputs stage their tile in shared memory and store it in rows of
     // 16-byte (fp32) or 8-byte (C) vectors, every epilogue but the loss's (a tile of the logits'
     // 10 columns). Stored straight from the fragments, a warp's store covers 8 rows of 16 bytes,
@@ -362,8 +411,8 @@ struct TcBlock {
     // between tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
     static constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
-    typedef TcTile<A_KC ? BM : BK, A_KC ? BK : BM, VA, T, A_ROWS> TileA;  // A's stored rows: m when A_KC, else k
-    typedef TcTile<B_KC ? BN : BK, B_KC ? BK : BN, VB, T> TileB;
+    typedef TcTile<A_KC ? BM : BK, (A_KC ? BK : BM) * EH, VA, T, A_ROWS, EH> TileA;  // rows: m when A_KC, else k
+    typedef TcTile<B_KC ? BN : BK, (B_KC ? BK : BN) * EH, VB, T, 0, EH> TileB;
     typedef Elt<DT> E;
     typedef Acc<ACC16> Frag;
     typedef EpilogueReads<EPI, HAS_BIAS, BM, BN, T> Reads;
@@ -377,8 +426,8 @@ struct TcBlock {
 
     // Sends for what the epilogue reads from memory (fused.cuh: EpilogueReads): a thread's outputs
     // are its accumulator fragments'.
-    __device__ __forceinline__ void send_reads(Reads& reads, const XentArgs& xent, int M, int N, const u16* bias,
-                                               const u16* relu_y, const float* w, const float* w_buf, const float* b,
+    __device__ __forceinline__ void send_reads(Reads& reads, const XentArgs& xent, int M, int N, const ET* bias,
+                                               const ET* relu_y, const float* w, const float* w_buf, const float* b,
                                                const float* b_buf) const {
         reads.send(
             xent, m0, M, n0, N, bias, relu_y, w, w_buf, b, b_buf,
@@ -410,6 +459,7 @@ struct TcBlock {
     struct Lanes {
         u32 a, b;   // the lane's row of A's and of B's tile in stage 0
         int ax, bx;  // the unit of that row it reads at i = j = kk = 0
+        u32 a_base, b_base;  // stage 0 of A's and of B's tile (frag_rows)
     };
 
     __device__ __forceinline__ Lanes lanes() const {
@@ -420,43 +470,106 @@ struct TcBlock {
         const int b_r = B_KC ? wn * WN + (q >> 1) * 8 + qr : (q & 1) * 8 + qr;
         const int b_u = B_KC ? q & 1 : (wn * WN + (q >> 1) * 8) / 8;
         const u32 a_lane = smem_addr(As) + 2 * a_r * TileA::LD_S, b_lane = smem_addr(Bs) + 2 * b_r * TileB::LD_S;
-        return {a_lane, b_lane, a_u ^ TileA::swz(a_r), b_u ^ TileB::swz(b_r)};
+        return {a_lane, b_lane, a_u ^ TileA::swz(a_r), b_u ^ TileB::swz(b_r), smem_addr(As), smem_addr(Bs)};
     }
 
-    // Stage s's tiles into the accumulators: per 16-wide k slice, this warp's fragments of both
-    // tiles by ldmatrix, then an mma per 16 x 8 output tile (TWO_SETS: the odd k slices into acc_odd).
+    // Stage s's tiles into the accumulators: per k slice of KH halves (16 elements of 16 bits, or
+    // 8 of fp32), this warp's fragments of both tiles, then an mma per 16 x 8 output tile
+    // (TWO_SETS: the odd k slices into acc_odd). ldmatrix reads 8x8 matrices of 16-bit elements:
+    // an fp32 row of 8 halves is 4 elements, so where k is the tiles' contiguous dimension the same
+    // addresses give the TF32 fragments, a lane's register its row's element t (and t + 4 from the
+    // next matrix); where k runs along the rows its transposing form would split the fp32 elements,
+    // and each register is one 32-bit shared load (frag_rows).
     __device__ __forceinline__ void mma_stage(Frag (&acc)[MT][NT], Frag (&acc_odd)[MT][NT], const Lanes& at,
                                               int s) const {
         auto a_at = [&](u32 as, int dr, int du) { return as + 2 * dr * TileA::LD_S + 16 * (at.ax ^ du); };
         auto b_at = [&](u32 bs, int dr, int du) { return bs + 2 * dr * TileB::LD_S + 16 * (at.bx ^ du); };
         const u32 as = at.a + 2 * s * TileA::STAGE, bs = at.b + 2 * s * TileB::STAGE;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
+        for (int kk = 0; kk < BK * EH; kk += KH) {
             u32 af[MT][4], bf[NT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                if (A_KC) ldmatrix_x4<0>(af[i], a_at(as, i * 16, kk / 8));
-                else      ldmatrix_x4<1>(af[i], a_at(as, kk, 2 * i));
+                if (A_KC)         ldmatrix_x4<0>(af[i], a_at(as, i * 16, kk / 8));
+                else if (EH == 1) ldmatrix_x4<1>(af[i], a_at(as, kk, 2 * i));
+                else              frag_rows<TileA, 4>(af[i], at.a_base, s, kk / EH, wm * WM + i * 16);
             }
 #pragma unroll
             for (int j = 0; j < NT / 2; ++j) {
                 u32 r[4];
-                if (B_KC) ldmatrix_x4<0>(r, b_at(bs, j * 16, kk / 8));
-                else      ldmatrix_x4<1>(r, b_at(bs, kk, 2 * j));
+                if (B_KC) {
+                    ldmatrix_x4<0>(r, b_at(bs, j * 16, kk / 8));
+                } else if (EH == 1) {
+                    ldmatrix_x4<1>(r, b_at(bs, kk, 2 * j));
+                } else {
+                    frag_rows<TileB, 2>(bf[2 * j], at.b_base, s, kk / EH, wn * WN + j * 16);
+                    frag_rows<TileB, 2>(bf[2 * j + 1], at.b_base, s, kk / EH, wn * WN + j * 16 + 8);
+                    continue;
+                }
                 bf[2 * j][0] = r[0];
                 bf[2 * j][1] = r[1];
                 bf[2 * j + 1][0] = r[2];
                 bf[2 * j + 1][1] = r[3];
             }
             if constexpr (NT % 2) {  // a 16 x 8 warp tile's one n-tile: matrix q < 2 of B is (n, k + 8 * q)
-                if (B_KC) ldmatrix_x2<0>(bf[NT - 1], b_at(bs, (NT - 1) * 8, kk / 8));
-                else      ldmatrix_x2<1>(bf[NT - 1], b_at(bs, kk, NT - 1));
+                if (B_KC)         ldmatrix_x2<0>(bf[NT - 1], b_at(bs, (NT - 1) * 8, kk / 8));
+                else if (EH == 1) ldmatrix_x2<1>(bf[NT - 1], b_at(bs, kk, NT - 1));
+                else              frag_rows<TileB, 2>(bf[NT - 1], at.b_base, s, kk / EH, wn * WN + (NT - 1) * 8);
             }
+            auto sum = [&](int i, int j) -> Frag& { return TWO_SETS && kk / KH % 2 ? acc_odd[i][j] : acc[i][j]; };
+            if constexpr (TF32 == 0) {
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_16816<DT, SM80>(sum(i, j), af[i], bf[j]);
+            } else if constexpr (TF32 == 1) {
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) af[i][e] = to_tf32(af[i][e]);
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
-                    mma_16816<DT, SM80>(TWO_SETS && kk / 16 % 2 ? acc_odd[i][j] : acc[i][j], af[i], bf[j]);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) bf[j][e] = to_tf32(bf[j][e]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], bf[j]);
+            } else {  // 3xTF32: small * big, big * small, then big * big, each over every tile in turn
+                u32 a_small[MT][4], b_small[NT][2];
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) split_tf32(af[i][e], af[i][e], a_small[i][e]);
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) split_tf32(bf[j][e], bf[j][e], b_small[j][e]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), a_small[i], bf[j]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], b_small[j]);
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], bf[j]);
+            }
+        }
+    }
+
+    // TF32 fragments of a tile whose rows are k (fp32, k not contiguous): R registers, element
+    // (k0 + t + 4 * (e / 2 % 2), c0 + g + 8 * (e % 2)) of stage s in register e for A's (R = 4:
+    // a0..a3), (k0 + t + 4 * e, c0 + g) for B's (R = 2: b0, b1). base: the tile's stage 0.
+    template <typename Tile, int R>
+    __device__ __forceinline__ void frag_rows(u32 (&f)[R], u32 base, int s, int k0, int c0) const {
+#pragma unroll
+        for (int e = 0; e < R; ++e) {
+            const int k = k0 + t + 4 * (R == 4 ? e / 2 : e), c = c0 + g + (R == 4 ? 8 * (e % 2) : 0);
+            f[e] = lds32(base + 2 * (s * Tile::STAGE + Tile::at(k, 2 * c)));
         }
     }
 
@@ -464,9 +577,9 @@ struct TcBlock {
     __device__ __forceinline__ void add_bias(Reads& reads, int s) const {
         if (!reads.bias_step) return;
         const u16* bs = Bs + s * TileB::STAGE;
-        reads.bias_grad.template add<BK>([&](int k, int c) {
-            return E::load(B_KC ? bs[TileB::at(c, k)] : bs[TileB::at(k, c)]);
-        });
+        // Element (r, c) of the stage: halves EH * c .. EH * c + EH - 1 of row r.
+        auto elem = [&](int r, int c) { return E::load(*reinterpret_cast<const ET*>(bs + TileB::at(r, EH * c))); };
+        reads.bias_grad.template add<BK>([&](int k, int c) { return B_KC ? elem(c, k) : elem(k, c); });
     }
 
     // Split-K: this slice's sums to the workspace, and in the last slice to arrive the sums of all
@@ -486,21 +599,24 @@ struct TcBlock {
 // ---------------------------------------------------------------- the kernel
 
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, int VB, int GROUP_M, int SPLIT_K,
-          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80, int A_ROWS, int EPI>
+          int DT, int A_KC, int B_KC, int HAS_BIAS, int RELU, int ACC16, int SM80, int TF32, int A_ROWS, int EPI>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
-matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int N, int K, i64 lda, i64 ldb,
-                 float* partials, int* counters, int k_slice, FUSED_PARAMS(u16)) {
+matmul_tc_kernel(const EltT<DT>* A, const EltT<DT>* B, const EltT<DT>* bias, EltT<DT>* C, int M, int N, int K, i64 lda,
+                 i64 ldb, float* partials, int* counters, int k_slice, FUSED_PARAMS(EltT<DT>)) {
     static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
     static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
+    static_assert((DT == DT_FP32) == (TF32 == 1 || TF32 == 3), "fp32 runs on the tensor cores as TF32 or 3xTF32 only");
+    static_assert(SM80 || DT != DT_FP32, "TF32 tensor cores start at sm_80");
     static_assert(DT == DT_FP16 || !ACC16, "fp16 accumulation is for fp16 inputs only");
     static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
     static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
     static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");
-    typedef TcBlock<BM, BN, BK, WARPS_M, WARPS_N, STAGES, VA, VB, DT, A_KC, B_KC, HAS_BIAS, RELU, ACC16, SM80, A_ROWS,
-                    EPI> Block;
+    typedef TcBlock<BM, BN, BK, WARPS_M, WARPS_N, STAGES, VA, VB, DT, A_KC, B_KC, HAS_BIAS, RELU, ACC16, SM80, TF32,
+                    A_ROWS, EPI> Block;
     typedef typename Block::TileA TileA;
     typedef typename Block::TileB TileB;
     typedef typename Block::E E;
+    typedef typename Block::ET ET;
     constexpr int T = Block::T, WM = Block::WM, WN = Block::WN, MT = Block::MT, NT = Block::NT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u16* As = reinterpret_cast<u16*>(smem_raw);
@@ -515,6 +631,9 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     if constexpr (SPLIT_K > 1) enter_slice<A_KC, B_KC, A_ROWS>(A, B, a_rows, K, lda, ldb, k_slice);  // from here on: its slice
+    // The tiles copy halves (TcTile): the operands as 16-bit units, leading dimensions still in elements.
+    const u16* Ah = reinterpret_cast<const u16*>(A);
+    const u16* Bh = reinterpret_cast<const u16*>(B);
     const int g = lane / 4, t = lane % 4;
     const Block blk = {As, Bs, m0, n0, lane, wm, wn, g, t};
 
@@ -544,18 +663,18 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         // thread (wide tiles on few warps) ptxas spills.
         constexpr bool A_ASYNC = (!A_ROWS || (A_KC && TileA::PER_THREAD <= 4)) && VA >= 2 && TileA::STRIDED;
         constexpr bool B_ASYNC = VB >= 2 && TileB::STRIDED;
-        typename TileA::template Async<!A_KC> async_a(A, As, lda, m0, A_KC ? M : K, A_KC ? K : M, a_rows, rows_of_a);
-        typename TileB::template Async<!B_KC> async_b(B, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
+        typename TileA::template Async<!A_KC> async_a(Ah, As, lda, m0, A_KC ? M : K, A_KC ? K : M, a_rows, rows_of_a);
+        typename TileB::template Async<!B_KC> async_b(Bh, Bs, ldb, n0, B_KC ? N : K, B_KC ? K : N);
         // Queues copies of k step kt of both operands into stage s (whole: every chunk lies inside them).
         auto load_stage = [&](int s, int kt, auto whole) {
             constexpr bool WHOLE = decltype(whole)::value;
             const int k0 = kt * BK;
-            if constexpr (A_ASYNC) async_a.template load<WHOLE>(A, s, k0);
-            else if (A_KC) TileA::load_async(As + s * TileA::STAGE, A, lda, m0, k0, M, K, a_rows, rows_of_a);
-            else           TileA::load_async(As + s * TileA::STAGE, A, lda, k0, m0, K, M, a_rows, rows_of_a);
-            if constexpr (B_ASYNC) async_b.template load<WHOLE>(B, s, k0);
-            else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, B, ldb, n0, k0, N, K, nullptr, 0);
-            else           TileB::load_async(Bs + s * TileB::STAGE, B, ldb, k0, n0, K, N, nullptr, 0);
+            if constexpr (A_ASYNC) async_a.template load<WHOLE>(Ah, s, k0);
+            else if (A_KC) TileA::load_async(As + s * TileA::STAGE, Ah, lda, m0, k0, M, K, a_rows, rows_of_a);
+            else           TileA::load_async(As + s * TileA::STAGE, Ah, lda, k0, m0, K, M, a_rows, rows_of_a);
+            if constexpr (B_ASYNC) async_b.template load<WHOLE>(Bh, s, k0);
+            else if (B_KC) TileB::load_async(Bs + s * TileB::STAGE, Bh, ldb, n0, k0, N, K, nullptr, 0);
+            else           TileB::load_async(Bs + s * TileB::STAGE, Bh, ldb, k0, n0, K, N, nullptr, 0);
         };
         // One commit group per k step (empty past the end), so that "all but STAGES - 2 groups
         // done" means k step kt has landed.
@@ -610,10 +729,10 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         typename TileB::Staged sb;
         auto fetch = [&](int kt) {
             const int k0 = kt * BK;
-            if (A_KC) sa.fetch(A, lda, m0, k0, M, K, a_rows, rows_of_a);
-            else      sa.fetch(A, lda, k0, m0, K, M, a_rows, rows_of_a);
-            if (B_KC) sb.fetch(B, ldb, n0, k0, N, K, nullptr, 0);
-            else      sb.fetch(B, ldb, k0, n0, K, N, nullptr, 0);
+            if (A_KC) sa.fetch(Ah, lda, m0, k0, M, K, a_rows, rows_of_a);
+            else      sa.fetch(Ah, lda, k0, m0, K, M, a_rows, rows_of_a);
+            if (B_KC) sb.fetch(Bh, ldb, n0, k0, N, K, nullptr, 0);
+            else      sb.fetch(Bh, ldb, k0, n0, K, N, nullptr, 0);
         };
         fetch(0);
         epilogue_reads();
@@ -645,7 +764,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         if (!Block::template sum_slices<SPLIT_K>(acc, partials, counters)) return;
 
     // The epilogue: C's tile (linear_sgd: w's update), then the loss and the bias update.
-    const SgdArgs<u16> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
+    const SgdArgs<ET> sgd = {w_buf, w_low, lr, momentum, weight_decay};  // linear_sgd's weights
     if constexpr (Block::STAGED) {
         // The tile goes through shared memory in passes of G 16-row strips of each warp's tile, as
         // many as the operand ring holds (rows of floats padded by 8, which keeps the fragments'
@@ -662,8 +781,9 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
         static_assert(G * STRIP <= RING, "a pass fits in the operand ring");
         float* cs = reinterpret_cast<float*>(smem_raw);
         const int col = (threadIdx.x % CPR) * 4, row0 = threadIdx.x / CPR, n = n0 + col;
-        const bool vec = N % 4 == 0 && (reinterpret_cast<u64>(C) & 7) == 0 &&
-                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 7) == 0);
+        constexpr u64 VEC_ALIGN = 4 * sizeof(ET) - 1;  // a Pack<ET, 4>
+        const bool vec = N % 4 == 0 && (reinterpret_cast<u64>(C) & VEC_ALIGN) == 0 &&
+                         (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & VEC_ALIGN) == 0);
         const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 4>(w, sgd, N);
         float bv[4];
 #pragma unroll
@@ -701,8 +821,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                 if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 3) updates w there; never stored
                     SgdIn<4> in[NB];
                     auto here = [&](int q) {
-                        return SgdArgs<u16>{w_buf ? w_buf + at[q] : nullptr, w_low ? w_low + at[q] : nullptr, lr,
-                                            momentum, weight_decay};
+                        return SgdArgs<ET>{w_buf ? w_buf + at[q] : nullptr, w_low ? w_low + at[q] : nullptr, lr,
+                                           momentum, weight_decay};
                     };
 #pragma unroll
                     for (int q = 0; q < NB; ++q)
@@ -711,23 +831,23 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                     for (int q = 0; q < NB; ++q)
                         if (ok[q]) sgd_apply<DT, 4>(w + at[q], here(q), v[q].v, in[q], N - n, sgd_vec);
                 } else {
-                    Pack<u16, 4> y[NB];
+                    Pack<ET, 4> y[NB];
                     if constexpr (EPI == EPI_RELU_GRAD) {
 #pragma unroll
                         for (int q = 0; q < NB; ++q) {
                             if (!ok[q]) continue;
                             if (vec) {
-                                y[q] = *reinterpret_cast<const Pack<u16, 4>*>(relu_y + at[q]);
+                                y[q] = *reinterpret_cast<const Pack<ET, 4>*>(relu_y + at[q]);
                             } else {
 #pragma unroll
-                                for (int e = 0; e < 4; ++e) y[q].v[e] = n + e < N ? relu_y[at[q] + e] : (u16)0;
+                                for (int e = 0; e < 4; ++e) y[q].v[e] = n + e < N ? relu_y[at[q] + e] : (ET)0;
                             }
                         }
                     }
 #pragma unroll
                     for (int q = 0; q < NB; ++q) {
                         if (!ok[q]) continue;
-                        Pack<u16, 4> c;
+                        Pack<ET, 4> c;
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             float o = v[q].v[e] + bv[e];
@@ -736,7 +856,7 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                             c.v[e] = E::store(o);
                         }
                         if (vec) {
-                            *reinterpret_cast<Pack<u16, 4>*>(C + at[q]) = c;
+                            *reinterpret_cast<Pack<ET, 4>*>(C + at[q]) = c;
                         } else {
 #pragma unroll
                             for (int e = 0; e < 4; ++e)
@@ -747,10 +867,11 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
             }
         }
     } else {
-        // Epilogue straight from the fragments: + bias, relu, round, and 4-byte
-        // stores of column pairs when C's rows (and y's) keep them aligned.
-        const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0) &&
-                             (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & 3) == 0);
+        // Epilogue straight from the fragments: + bias, relu, round, and stores of column pairs
+        // (4 bytes, 8 for fp32) when C's rows (and y's) keep them aligned.
+        constexpr u64 PAIR_ALIGN = 2 * sizeof(ET) - 1;  // a Pack<ET, 2>
+        const bool pair_ok = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & PAIR_ALIGN) == 0) &&
+                             (EPI != EPI_RELU_GRAD || (reinterpret_cast<u64>(relu_y) & PAIR_ALIGN) == 0);
         const bool sgd_vec = EPI == EPI_SGD && sgd_vec_ok<DT, 2>(w, sgd, N);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -774,8 +895,8 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                     }
                     const i64 at = (i64)m * N + n;
                     if constexpr (EPI == EPI_SGD) {  // gw (m, n .. n + 1) updates w there; never stored
-                        const SgdArgs<u16> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr,
-                                                   momentum, weight_decay};
+                        const SgdArgs<ET> here = {w_buf ? w_buf + at : nullptr, w_low ? w_low + at : nullptr, lr,
+                                                  momentum, weight_decay};
                         const float gw[2] = {v0, v1};
                         sgd_step<DT, 2>(w + at, here, gw, N - n, sgd_vec);
                         continue;
@@ -783,9 +904,9 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                     if constexpr (EPI == EPI_RELU_GRAD) {  // 0 where y <= 0; a NaN y passes the gradient
                         float y0, y1 = 1.f;
                         if (pair_ok && n + 1 < N) {
-                            const u32 y = *reinterpret_cast<const u32*>(relu_y + at);
-                            y0 = E::load((u16)y);
-                            y1 = E::load((u16)(y >> 16));
+                            const Pack<ET, 2> y = *reinterpret_cast<const Pack<ET, 2>*>(relu_y + at);
+                            y0 = E::load(y.v[0]);
+                            y1 = E::load(y.v[1]);
                         } else {
                             y0 = E::load(relu_y[at]);
                             if (n + 1 < N) y1 = E::load(relu_y[at + 1]);
@@ -793,9 +914,12 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
                         if (y0 <= 0.f) v0 = 0.f;
                         if (y1 <= 0.f) v1 = 0.f;
                     }
-                    u16* c = C + at;
+                    ET* c = C + at;
                     if (pair_ok && n + 1 < N) {
-                        *reinterpret_cast<u32*>(c) = (u32)E::store(v0) | ((u32)E::store(v1) << 16);
+                        Pack<ET, 2> pair;
+                        pair.v[0] = E::store(v0);
+                        pair.v[1] = E::store(v1);
+                        *reinterpret_cast<Pack<ET, 2>*>(c) = pair;
                     } else {
                         c[0] = E::store(v0);
                         if (n + 1 < N) c[1] = E::store(v1);
@@ -806,15 +930,19 @@ matmul_tc_kernel(const u16* A, const u16* B, const u16* bias, u16* C, int M, int
     }
     if constexpr (EPI == EPI_XENT)
         xent_tile<DT, BM, T>(C, M, N, m0, pid_m, xent, reads.xent_labels, reinterpret_cast<float*>(smem_raw));
-    if (reads.bias_step) reads.bias_grad.template step<DT>(b, n0, N, SgdArgs<u16>{b_buf, b_low, lr, momentum, weight_decay});
+    if (reads.bias_step) reads.bias_grad.template step<DT>(b, n0, N, SgdArgs<ET>{b_buf, b_low, lr, momentum, weight_decay});
 }
 
 #ifdef STANDALONE
 // The default configs (kernels_cuda/matmul.py: TC_SPACE, fp16, row-major A and B), instantiated for the build line at
 // the top: the plain matmul, then the fused ops' (kernels_cuda/fused.py: report_variant) on the same config.
 void* const standalone_kernels[] = {
-    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 0, 0, 0, 1, 0, EPI_PLAIN>,
-    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 1, 0, 0, 1, 0, EPI_XENT>,
-    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 0, 0, 0, 0, 0, 1, 0, EPI_SGD>
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 0, 0, 0, 1, 0, 0, EPI_PLAIN>,
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 1, 0, 1, 0, 0, 1, 0, 0, EPI_XENT>,
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP16, 0, 0, 0, 0, 0, 1, 0, 0, EPI_SGD>,
+    // fp32 in 3xTF32 on the same tile (16-byte copies: 8 halves), and linear_sgd's on 8 warps (its
+    // space's 3xTF32 warp tiles are at most 64 x 32: kernels_cuda/fused.py).
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 2, 4, 8, 8, 8, 1, DT_FP32, 1, 0, 0, 0, 0, 1, 3, 0, EPI_PLAIN>,
+    (void*)&matmul_tc_kernel<128, 128, 32, 2, 4, 4, 8, 8, 8, 1, DT_FP32, 0, 0, 0, 0, 0, 1, 3, 0, EPI_SGD>
 };
 #endif

@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -496,15 +498,19 @@ def test_matmul_space_is_dense_enough_to_search(dtype):
     on it (fake times) never gave up (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper"). SPLIT_K 32 and 64 (experiments/FINDINGS.md, "Split-K") take
     the whole fp16 space to 0.069, where 1 of 8 replays gave up after 48 trials, and the SIMT space
     to 0.106, where none of 8 did (results/h200/splitk64_space_replay_*.txt): these bounds are that
-    edge. The mma.sync region keeps its density."""
+    edge. The mma.sync region keeps its density. The fp32 space is a union of two kernels, each
+    with tunables the other fixes (SIMT for TF32 = 0, mma.sync for TF32 > 0): each region keeps
+    the SIMT space's density, and the whole's (0.019 as searched) sets how many invalid
+    suggestions in a row the tuner waits through (autotune.studies: StudyRunner.patience)."""
     sp = kc.space("matmul", dtype)
     valid = list(sp.configs(_elt(dtype), 90))
 
     def density(configs):
         return len(configs) / math.prod(len({c[name] for c in configs}) for name in sp.params)
 
-    if "WGMMA" not in sp.params:  # the SIMT kernel
-        assert density(valid) >= 0.10
+    if "TF32" in sp.params:
+        assert density([c for c in valid if not c["TF32"]]) >= 0.10
+        assert density([c for c in valid if c["TF32"]]) >= 0.10
     else:
         assert density(valid) >= 0.065
         assert density([c for c in valid if not c["WGMMA"]]) >= 0.12
@@ -520,3 +526,67 @@ def test_ptxas_names_are_read_without_a_demangler(mangled, expr):
     """The H200's image printed ptxas's kernel names through c++filt in a form nothing matched, so
     every compile report failed there: the name expression is read off the mangling itself."""
     assert reports._name_expr(mangled) == expr
+
+
+# ----------------------------------------------------------------------------- fp32 on TF32 tensor cores
+
+# (A_KC, B_KC, HAS_BIAS, RELU, A_ROWS, EPI) of the fp32 tensor-core paths: every operand layout
+# (k along the tiles' rows takes 32-bit shared loads, along their columns ldmatrix), and each
+# fused epilogue in the layout the trainer runs it.
+TF32_PATHS = [(a_kc, b_kc, 1, 1, 0, "plain") for a_kc, b_kc in itertools.product((0, 1), repeat=2)] + [
+    (1, 0, 0, 0, 1, "plain"), (1, 1, 0, 0, 0, "relu_grad"), (1, 0, 1, 0, 0, "xent"), (0, 0, 0, 0, 1, "sgd")]
+
+
+def _tf32_variants(cfg, arch):
+    """TF32_PATHS' variants of cfg (linear_sgd's only without split-K)."""
+    from kernels_cuda.matmul import tc_variant
+
+    return [tc_variant(cfg, "fp32", arch, a_kc, b_kc, 4, 4, bias, relu, 0, rows, epi)
+            for a_kc, b_kc, bias, relu, rows, epi in TF32_PATHS if epi != "sgd" or cfg["SPLIT_K"] == 1]
+
+
+@needs_nvcc
+@pytest.mark.slow  # about 40 s of nvcc per arch
+@pytest.mark.parametrize("arch", (80, 90))
+def test_tf32_paths_build_without_spills(arch):
+    """3xTF32 and plain TF32 on every layout and fused path, a one-warp split-K tile and a large
+    one of the fused ops' largest 3xTF32 warp tiles (64 x 32), at 16-byte and 4-byte copies."""
+    sp = kc.space("linear_sgd", "fp32")
+    variants, smem = [], []
+    for tf32 in (3, 1):
+        for tile in ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1, "SPLIT_K": 1},
+                     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3}):
+            cfg = sp.resolve({**tile, "TF32": tf32}, 4, arch)
+            for split in (1, 4) if tile["num_warps"] == 1 else (1,):
+                built = _tf32_variants({**cfg, "SPLIT_K": split}, arch)
+                variants += built
+                smem += [sp.cost(cfg, 4, arch)["smem_bytes"]] * len(built)
+    for v, rep in zip(variants, reports.compile_variants(variants, smem, arch)):
+        assert 0 < rep["registers"] <= 255 and rep["spill_bytes"] == 0, (v.name_expr, rep)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", (80, 90))
+def test_tf32_sass_runs_three_tf32_mmas_per_product_and_no_16_bit_ones(arch, tmp_path):
+    """The fp32 tensor-core kernel issues TF32 HMMAs (m16n8k8) only, three times as many in 3xTF32
+    as in plain TF32 on the same tile, in both layouts of A (ldmatrix, and 32-bit shared loads)."""
+    from tests.test_wgmma import _cuobjdump
+
+    if _cuobjdump() is None:
+        pytest.skip("no cuobjdump (nvcc's or Triton's)")
+    sp = kc.space("matmul", "fp32")
+    counts = {}
+    for tf32 in (3, 1):
+        cfg = sp.resolve({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "TF32": tf32}, 4, arch)
+        for a_kc in (1, 0):
+            v = _tf32_variants(cfg, arch)[1 if a_kc else 0]  # bias + ReLU, B k-major; A either way
+            src, cubin = tmp_path / f"t{tf32}{a_kc}.cu", tmp_path / f"t{tf32}{a_kc}.cubin"
+            src.write_text(f'#include "matmul_tc.cu"\nvoid* const refs[] = {{(void*)&{v.name_expr}}};\n')
+            subprocess.run(["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", f"-I{rt.HERE}", "-o", str(cubin),
+                            str(src)], check=True, capture_output=True)
+            sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True,
+                                  text=True).stdout
+            hmma = re.findall(r"HMMA\.[0-9A-Z.]+", sass)
+            assert hmma and set(hmma) == {"HMMA.1688.F32.TF32"}, sorted(set(hmma))
+            counts[tf32, a_kc] = len(hmma)
+    assert counts[3, 1] == 3 * counts[1, 1] and counts[3, 0] == 3 * counts[1, 0], counts

@@ -25,6 +25,7 @@ from kernels_cuda.matmul import KERNEL_PARAMS
 A_KC_AT = {"fp32": 10, "fp16": 11, "bf16": 11}
 VA_AT = {"fp32": 5, "fp16": 6, "bf16": 6}
 SPLIT_AT = 9
+TF32_AT = 17  # matmul_tc.cu's TF32 mode
 
 
 def named(args) -> dict:
@@ -145,6 +146,32 @@ SPLITK_LAUNCHES = [
 ]
 
 
+@pytest.mark.parametrize("tf32", [3, 1])
+def test_tf32_configs_launch_the_tensor_core_kernel_on_fp32(launches, rng, tf32):
+    """fp32 configs with TF32 > 0 run matmul_tc.cu in fp32 with their TF32 mode, copying halves (an
+    fp32 element is two: 4-float copies are 8 halves, a misaligned operand's 1-float copies 2),
+    on 32 * num_warps threads and the space's shared memory; the fused ops too; TF32 = 0 stays on
+    the SIMT kernel."""
+    sp = kc.space("matmul", "fp32")
+    a = torch.randn(70, 301, generator=rng)[:, :300]  # rows 301 floats apart: 4-byte copies only
+    b = torch.randn(300, 12, generator=rng)  # rows 48 bytes apart: 16-byte copies
+    config = {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "SPLIT_K": 8, "TF32": tf32}
+    kc.matmul(a, b, config=config)
+    variant, grid, block, _, smem = launches[-1]
+    assert variant.source == "matmul_tc.cu" and variant.targs[TF32_AT] == tf32
+    assert variant.targs[10] == rt.DT_CODE["fp32"]
+    assert variant.targs[6:8] == (2, 8) and variant.targs[SPLIT_AT] == 8
+    assert block == (64, 1, 1) and smem == sp.cost(sp.resolve(config, 4, 90), 4, 90)["smem_bytes"]
+    labels = torch.randint(0, 12, (70,), generator=rng)
+    kc.linear_cross_entropy(a.contiguous(), b, labels, config=config)
+    layer = [torch.randn(s, generator=rng) for s in ((70, 300), (70, 12), (300, 12), (12,))]
+    kc.linear_sgd(*layer, None, None, lr=0.1, config={**config, "SPLIT_K": 1})
+    for (variant, *_), epi in zip(launches[-2:], ("xent", "sgd")):
+        assert variant.source == "matmul_tc.cu" and variant.targs[TF32_AT] == tf32 and fused_flags(variant)[1] == epi
+    kc.matmul(a, b, config={**config, "TF32": 0, "num_warps": 4, "THREAD_M": 4, "THREAD_N": 4})
+    assert launches[-1][0].source == "matmul_simt.cu"
+
+
 @pytest.mark.parametrize("dtype,config,m,n,k,layout,threads,slices", SPLITK_LAUNCHES,
                          ids=[f"{c[0]}-split{c[1]['SPLIT_K']}" for c in SPLITK_LAUNCHES])
 def test_splitk_launch(launches, rng, dtype, config, m, n, k, layout, threads, slices):
@@ -200,7 +227,7 @@ def _signature(source: str, kernel: str) -> list[tuple[str, str]]:
     FUSED_PARAMS expanded; kind is "ptr" for a pointer, else the scalar type."""
     text = rt.source(source)
     body = re.search(r"#define FUSED_PARAMS\(T\)((?:.*\\\n)*.*)", text).group(1).replace("\\\n", " ")
-    params, dtype = re.search(rf"^{kernel}\((.*?)FUSED_PARAMS\((\w+)\)\)", text, re.MULTILINE | re.DOTALL).groups()
+    params, dtype = re.search(rf"^{kernel}\((.*?)FUSED_PARAMS\(([\w<>]+)\)\)", text, re.MULTILINE | re.DOTALL).groups()
     decls = [d.strip() for d in (params + body.replace("T ", dtype + " ")).split(",") if d.strip()]
     out = []
     for d in decls:

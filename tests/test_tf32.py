@@ -1,10 +1,12 @@
-"""fp32 matmuls on TF32 tensor cores: the TF32 tunable of the Triton twin's fp32 spaces.
+"""fp32 matmuls on TF32 tensor cores: the TF32 tunable of both twins' fp32 spaces.
 
 TF32 = 3 (3xTF32) must stay within the bounds the exact fp32 kernels are held to; TF32 = 1
 (plain TF32) is a lower precision, declared as such, and within its own bound. Under Triton's
 interpreter the split and its roundings run as written (kernels_triton/matmul.py: _to_tf32),
 and tl.dot multiplies in fp32, so the CPU checks the arithmetic the GPU does, bar the tensor
-cores' accumulation. Inputs are fresh random draws with ragged shapes; references in float64.
+cores' accumulation; the CUDA twin's (matmul_tc.cu) runs in the `gpu` tests, its builds in
+tests/test_cuda_compile.py. Inputs are fresh random draws with ragged shapes; references in
+float64.
 """
 import math
 
@@ -26,10 +28,8 @@ EXACT, SPLIT3, PLAIN = 0, 3, 1  # the TF32 tunable's values
 
 
 @pytest.fixture
-def twin():
-    """The twin whose fp32 spaces have the TF32 tunable."""
-    import kernels_triton
-    return kernels_triton
+def twin(ops):
+    return ops
 
 
 def tf32_config(twin, op, device, rng, tf32, split_k=1):
@@ -126,7 +126,11 @@ def test_linear_sgd_in_3xtf32(twin, device, rng):
 
 # ----------------------------------------------------------------------------- the space
 
-def test_the_tf32_tunable_is_declared_with_its_precisions(twin):
+@pytest.mark.parametrize("name", ["triton", "cuda"])  # the spaces only: no GPU needed
+def test_the_tf32_tunable_is_declared_with_its_precisions(name):
+    import importlib
+
+    twin = importlib.import_module(f"kernels_{name}")
     for op in ("matmul", "linear_cross_entropy", "linear_sgd"):
         sp = twin.space(op, "fp32")
         assert sp.params["TF32"] == (EXACT, SPLIT3, PLAIN) and sp.default["TF32"] == EXACT
