@@ -83,17 +83,28 @@ def gemm_cases(shapes: list[tuple[str, int]], store=None) -> list[Case]:
 
 
 def _configs(store, dtype: str, key: str) -> dict:
-    """Each twin's configs to time: its default, its default tiles in 3xTF32 where its space has the
-    TF32 tunable, and its tuned one if the store has `key`."""
+    """Each twin's configs to time: its default, in 3xTF32 where its space has the TF32 tunable, and
+    its tuned one if the store has `key`."""
     configs = {}
     for backend in ("cuda", "triton"):
         configs[backend] = [("default", None)]
-        if "TF32" in kernel_packages.space(backend, "matmul", dtype).params:
-            configs[backend].append(("tf32x3", {"TF32": 3}))
+        space = kernel_packages.space(backend, "matmul", dtype)
+        if "TF32" in space.params:
+            configs[backend].append(("tf32x3", _nearest(space, TF32=3)))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
         if source == "tuned":
             configs[backend].append(("tuned", tuned))
     return configs
+
+
+def _nearest(space, arch: int = 90, **fixed) -> dict:
+    """The overrides of the space's fp32 default for its valid config with the `fixed` values that
+    differs from the default in the fewest tunables (the first such in the space's order): just
+    `fixed` where the default's tiles take them (Triton's in 3xTF32), else the least change that
+    makes them run (the CUDA twin's SIMT default, BLOCK_K = 8, takes 16 on the tensor cores)."""
+    configs = [c for c in space.configs(4, arch) if all(c[k] == v for k, v in fixed.items())]
+    best = min(configs, key=lambda c: sum(c[k] != v for k, v in space.default.items()))
+    return {k: v for k, v in best.items() if v != space.default[k]}
 
 
 # torch's variants: cuBLAS as torch calls it by default (IEEE fp32), and for fp32 products with TF32

@@ -28,7 +28,8 @@ def test_trainer_group_times_a_tuned_config_only_for_its_exact_shape():
     exact = cases[("fp32", (128, 1024, 784), "nn")]
     # fp32: each twin whose space has the TF32 tunable is timed in 3xTF32 too.
     assert exact.configs["triton"] == [("default", None), ("tf32x3", {"TF32": 3}), ("tuned", tuned)]
-    assert exact.configs["cuda"] == [("default", None)]
+    # The CUDA twin's default is the SIMT kernel's, BLOCK_K 8: its tensor cores need 16.
+    assert exact.configs["cuda"] == [("default", None), ("tf32x3", {"BLOCK_K": 16, "TF32": 3})]
     near = cases[("fp32", (128, 1024, 1024), "nn")]  # the store's lookup would offer a nearest shape: not timed
     assert near.configs["triton"] == [("default", None), ("tf32x3", {"TF32": 3})]
     square = {(c.dtype, c.shape): c for c in bench_kernels.gemm_cases([("fp16", 4096), ("fp16", 4095)], store)}

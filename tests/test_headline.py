@@ -134,7 +134,8 @@ def test_the_compile_stage_builds_what_the_timed_stages_run_and_nothing_else(tmp
     cases = bench_kernels.gemm_cases([("fp32", 256)])
     jobs = headline.warm_jobs(p, tmp_path / "store.json", cases)
     gemm_jobs = [j for j in jobs if j[0] is headline._warm_gemm]
-    assert [(j[2], j[3]) for j in gemm_jobs] == [("cuda", None), ("triton", None), ("triton", {"TF32": 3})]
+    assert [(j[2], j[3]) for j in gemm_jobs] == [("cuda", None), ("cuda", {"BLOCK_K": 16, "TF32": 3}),
+                                                 ("triton", None), ("triton", {"TF32": 3})]
     trains = [j[1] for j in jobs if j[0] is headline._warm_train]
     built = {(c.backend, c.compile, c.hidden, c.dtype) for c in trains}
     for protocol, proto in PROTOCOLS.items():
