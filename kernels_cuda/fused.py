@@ -31,7 +31,8 @@ def _mma_only(dtype: str, **fixed) -> dict:
 
 # The epilogues hold more per thread than a store (fused.cuh), and 3xTF32 holds each fragment's
 # big and small parts beside the 128 fp32 accumulators of a 64 x 64 warp tile: ptxas (sm_90)
-# spilled 48-176 bytes in linear_sgd at every such tile, and in linear_cross_entropy at one.
+# spilled 48-176 bytes in 9 of linear_sgd's 10 such tiles and 76 in 1 of linear_cross_entropy's,
+# none in matmul's or in plain TF32 (experiments/results/cpu/ptxas_tf32_warp64x64.log).
 _FUSED_RULES = {"fp32": ("TF32 != 3 or BLOCK_M * BLOCK_N <= 2048 * num_warps  # 3xTF32: warp tiles of at most "
                          "64 x 32 outputs in the fused epilogues",)}
 
