@@ -29,26 +29,23 @@ def _mma_only(dtype: str, **fixed) -> dict:
     return params
 
 
-# The epilogues hold more per thread than a store (fused.cuh), and 3xTF32 holds each fragment's
-# big and small parts beside the 128 fp32 accumulators of a 64 x 64 warp tile: ptxas (sm_90)
-# spilled 48-176 bytes in 9 of linear_sgd's 10 such tiles and 76 in 1 of linear_cross_entropy's,
-# none in matmul's or in plain TF32 (experiments/results/cpu/ptxas_tf32_warp64x64.log).
-_FUSED_RULES = {"fp32": ("TF32 != 3 or BLOCK_M * BLOCK_N <= 2048 * num_warps  # 3xTF32: warp tiles of at most "
-                         "64 x 32 outputs in the fused epilogues",)}
-
-
-def _fused_rules(dtype: str) -> tuple[str, ...]:
-    return mm.space_for(dtype).restrictions + _FUSED_RULES.get(dtype, ())
+# linear_sgd's epilogue holds more per thread than a store (w and its buffer, fused.cuh), and 3xTF32
+# holds each fragment's big and small parts beside the 128 fp32 accumulators of a 64 x 64 warp tile:
+# ptxas (sm_90) spilled 64-184 bytes in 8 of linear_sgd's 10 such tiles, none in matmul's or
+# linear_cross_entropy's (experiments/results/cpu/ptxas_tf32_warp64x64.log).
+_SGD_RULES = {"fp32": ("TF32 != 3 or BLOCK_M * BLOCK_N <= 2048 * num_warps  # 3xTF32: warp tiles of at most "
+                       "64 x 32 outputs under the SGD epilogue",)}
 
 
 _SPACES = {
     "linear_cross_entropy": {
-        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype), restrictions=_fused_rules(dtype),
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype),
                        notes=mm.space_for(dtype).notes.partition("; on sm_90")[0] + "; softmax cross-entropy in "
                        "the epilogue of the last slice, one tile per row: a call refuses BLOCK_N < N")
         for dtype in contract.DTYPES},
     "linear_sgd": {
-        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype, SPLIT_K=(1,)), restrictions=_fused_rules(dtype),
+        dtype: replace(mm.space_for(dtype), params=_mma_only(dtype, SPLIT_K=(1,)),
+                       restrictions=mm.space_for(dtype).restrictions + _SGD_RULES.get(dtype, ()),
                        notes=re.split("[;:]", mm.space_for(dtype).notes)[0] + "; SGD step in the epilogue, no split-K")
         for dtype in contract.DTYPES},
 }

@@ -50,8 +50,8 @@
 //    product: about 2^-11 relative error per product, a lower precision. TF32 = 3 (3xTF32) splits
 //    each register as it leaves shared memory, x = big + small with big = tf32(x) and small =
 //    tf32(x - big), and sums small * big + big * small + big * big in the fp32 accumulators:
-//    what it drops is at most 3 * 2^-22 |a||b| per product, the level of fp32's own rounding
-//    (kernels_triton/matmul.py's docstring has the bound). Three times the mmas of TF32 = 1 on
+//    what it drops is at most 3 * 2^-22 |a||b| per product, below the fp32 sum's error past small K,
+//    and infinities and NaNs come out as IEEE's (kernels_triton/matmul.py's docstring has both). Three times the mmas of TF32 = 1 on
 //    the same tile, about a third of the tensor cores' TF32 rate, which is several times the
 //    FMA units' fp32. Where k is the tiles' contiguous dimension ldmatrix still gives the
 //    fragments (mma_stage); where it runs along their rows each register is a 32-bit shared load.
@@ -145,11 +145,22 @@ __device__ __forceinline__ u32 to_tf32(u32 x) {
     return r;
 }
 
+__device__ __forceinline__ bool finite_bits(u32 x) { return (x & 0x7f800000u) != 0x7f800000u; }
+
 // 3xTF32's split of a fragment register: x = big + rest with big = tf32(x), so |rest| <= 2^-11 |x|,
-// exact in fp32; small = tf32(rest).
+// exact in fp32; small = tf32(rest). A finite x that rounds past TF32's largest is rounded down
+// instead, and a non-finite x splits into big = +-1, small = x, so that the products of an
+// infinity or NaN are IEEE's (kernels_triton/matmul.py's docstring says why).
 __device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
-    big = to_tf32(x);
-    small = to_tf32(__float_as_uint(__uint_as_float(x) - __uint_as_float(big)));
+    if (finite_bits(x)) {
+        u32 b = to_tf32(x);
+        if (!finite_bits(b)) b = x & 0xffffe000u;
+        big = b;
+        small = to_tf32(__float_as_uint(__uint_as_float(x) - __uint_as_float(b)));
+    } else {
+        big = (x & 0x80000000u) | 0x3f800000u;
+        small = x;
+    }
 }
 
 // 32 bits of shared memory at a shared-space address.

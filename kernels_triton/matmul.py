@@ -69,7 +69,14 @@ loaded into a TF32 big part and the TF32-rounded rest, x = big + small with
 |small| <= 2^-11 |x|, and sums three TF32 products, small*big + big*small +
 big*big, smallest first, in the fp32 accumulator: what it drops (small*small,
 and small's own rounding) is at most 3 * 2^-22 |a||b| per product, so the
-error is dominated by the fp32 accumulation, as with TF32 = 0. The split is
+error is dominated by the fp32 accumulation, as with TF32 = 0. Infinities and
+NaNs come out as IEEE's: a non-finite x splits into big = +-1 and small = x,
+so a * b's three products are small_a*big_b (the infinity, or NaN where b is
+0, as inf * 0 is) and finite ones, where big = x with small = 0 would make
+inf * 0 = NaN of an infinity that meets a b whose small part is 0, and of
+inf * inf; a finite x that rounds to infinity is rounded down instead. The
+one difference left: a b too small for TF32's grid (under 2^-136, big and
+small both 0) times an infinity gives NaN, not an infinity. The split is
 written out here (_to_tf32), not left to tl.dot's input_precision="tf32x3",
 so that Triton's interpreter, which multiplies in fp32 whatever the precision,
 computes the same parts and products as the GPU: the tests check the bound on
@@ -102,6 +109,23 @@ def _to_tf32(x):
 
 
 @triton.jit
+def _finite(x):
+    return tl.abs(x) <= 3.4028234663852886e38  # false for NaN and the infinities
+
+
+@triton.jit
+def _split_tf32(x):
+    """3xTF32's parts of fp32 x, x = big + small (the module docstring)."""
+    finite = _finite(x)
+    xf = tl.where(finite, x, 0.0)
+    big = _to_tf32(xf)
+    down = (xf.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    big = tl.where(_finite(big), big, down)  # past TF32's largest: rounded down
+    small = _to_tf32(xf - big)  # xf - big is exact in fp32
+    return tl.where(finite, big, tl.where(x < 0, -1.0, 1.0)), tl.where(finite, small, x)
+
+
+@triton.jit
 def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
     """acc + a @ b at the precision TF32 asks for (the module docstring)."""
     if TF32 == 0:
@@ -110,10 +134,8 @@ def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
     elif TF32 == 1:
         acc = tl.dot(_to_tf32(a), _to_tf32(b), acc, input_precision="tf32", out_dtype=acc_dtype)
     else:
-        a_big = _to_tf32(a)
-        b_big = _to_tf32(b)
-        a_small = _to_tf32(a - a_big)  # a - a_big is exact in fp32
-        b_small = _to_tf32(b - b_big)
+        a_big, a_small = _split_tf32(a)
+        b_big, b_small = _split_tf32(b)
         acc = tl.dot(a_small, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)
         acc = tl.dot(a_big, b_small, acc, input_precision="tf32", out_dtype=acc_dtype)
         acc = tl.dot(a_big, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)

@@ -95,6 +95,32 @@ def test_matmul_3xtf32_within_the_fp32_bound(twin, device, rng, layout, split_k)
     assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance("fp32", k, device), f"config={config}")
 
 
+def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(twin, device, rng):
+    """As test_ops.test_matmul_nan_inf, in 3xTF32: a NaN in A gives its row NaN; an infinity meets B's
+    entries that are exact TF32 numbers (their small parts 0, where inf * 0 in a cross product would
+    be NaN), another infinity (inf * inf) and a 0 (inf * 0: NaN, as IEEE has it); a finite A entry
+    that rounds to TF32's infinity (0x7F7FF000, within half a TF32 step of fp32's largest) stays
+    finite."""
+    m, n, k = 20, 24, 16
+    a = randn(rng, (m, k), "fp32", device)
+    b = randn(rng, (k, n), "fp32", device).abs() * 1e-3
+    b[2, :6] = torch.tensor([1.0, 0.5, 2.0, 0.25, 1.5, 0.75])
+    a[3, 5] = float("nan")
+    a[7] = a[7].abs()
+    a[7, 2] = float("inf")  # row 7 of C: +inf everywhere (all terms >= 0) but column 9
+    b[2, 7] = float("inf")  # C[7, 7] = inf * inf + ...: +inf
+    b[2, 9] = 0.0  # C[7, 9] = inf * 0 + ...: NaN
+    a[9, 0] = torch.tensor(0x7F7FF000, dtype=torch.int32).view(torch.float32).item()  # times b[0] <= ~4e-3: finite
+    config = tf32_config(twin, "matmul", device, rng, SPLIT3)
+    out = twin.matmul(a, b, config=config)
+    ref = exact.matmul(a, b)
+    assert torch.equal(out.isnan().cpu(), ref.isnan().cpu()) and out[3].isnan().all(), f"config={config}"
+    assert torch.equal(out.isinf().cpu(), ref.isinf().cpu()) and out[7, 7].isposinf(), f"config={config}"
+    assert ref[7, 9].isnan() and (ref[7].isposinf().sum() == n - 1) and ref[7, 7].isposinf()
+    finite = ref.isfinite()
+    assert_rel(out[finite], ref[finite], tolerance("fp32", k, device), f"config={config}")
+
+
 def test_plain_tf32_is_a_lower_precision_within_its_bound(twin, device, rng):
     """TF32 = 1 rounds both operands to TF32: each product off by at most 2^-10 of its size, so
     about 2^-11 norm-wise with random signs; bounded by twice that, and visibly rounded (an exact
