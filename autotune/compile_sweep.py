@@ -19,6 +19,7 @@ from autotune import console
 from autotune.plan import Plan
 from kernels_core.provenance import AS_TEXT, COLUMNS as PROVENANCE, provenance
 from autotune.samplers import view_space
+from autotune.studies import LOWER_PRECISION_SUFFIX
 from autotune.trials_csv import TrialsCsv, columns
 from autotune.worker_pool import WorkerProcess, WorkerStartError, worker_env
 from kernels_core.contract import DTYPES
@@ -67,9 +68,12 @@ def run(plan: Plan, args: argparse.Namespace) -> int:
         if problem:
             notes.append(f"skipped {what}: {problem}")
             continue
-        view = view_space(space, target, elt, args.lower_precision)
+        lower = bool(args.lower_precision and space.lower_precision)
+        view = view_space(space, target, elt, lower)
         picked, n_valid = _sample(view, target, elt, cap, args.seed)
-        name = f"{args.study_prefix}{target.name}:{op}:{backend}:{dtype}:compile"
+        # Rows are keyed by the index into the view's configs, which the lower precision changes.
+        name = (f"{args.study_prefix}{target.name}:{op}:{backend}:{dtype}:compile"
+                + (LOWER_PRECISION_SUFFIX if lower else ""))
         pruned = "?" if n_valid is None else view.total - n_valid
         studies.append({"study": name, "op": op, "backend": backend, "dtype": dtype,
                         "valid": "?" if n_valid is None else n_valid, "pruned": pruned, "sampled": len(picked)})

@@ -150,16 +150,17 @@ def counts_toward_budget(trial: optuna.trial.FrozenTrial) -> bool:
             and trial.user_attrs.get("status") not in (None, "invalid"))
 
 
-def measured_elsewhere(storage: optuna.storages.BaseStorage, name: str,
-                       key: str) -> dict[tuple, tuple[str, optuna.trial.FrozenTrial]]:
+def measured_elsewhere(storage: optuna.storages.BaseStorage, name: str, key: str,
+                       complete=lambda config: config) -> dict[tuple, tuple[str, optuna.trial.FrozenTrial]]:
     """Config -> ("study#trial", trial) of the trials that measured it in the storage's other
-    studies of the same target/op/backend/dtype/shape `key` (other --study-prefix values)."""
+    studies of the same target/op/backend/dtype/shape `key` (other --study-prefix values), each
+    config `complete`d (Space.with_defaults: trials from before a tunable existed)."""
     found = {}
     for other in optuna.get_all_study_names(storage):
         if other != name and other.endswith(key):
             for t in optuna.load_study(study_name=other, storage=storage).get_trials(deepcopy=False):
                 if counts_toward_budget(t):
-                    found.setdefault(config_key(t.user_attrs["config"]), (f"{other}#{t.number}", t))
+                    found.setdefault(config_key(complete(t.user_attrs["config"])), (f"{other}#{t.number}", t))
     return found
 
 

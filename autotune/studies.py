@@ -46,7 +46,7 @@ from autotune.errors import SearchError
 from autotune.samplers import SpaceView, config_key
 from autotune.storage import OWNER, Heartbeat, counts_toward_budget, reap_dead
 
-OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "launch_error", "timeout")
+OUTCOMES = ("ok", "invalid", "compile_error", "wrong_result", "less_accurate", "launch_error", "timeout")
 WAIT_S = 0.5  # how often a runner whose budget is all in flight looks again
 DECIDE_POLL_S = 0.05  # how often a claim looks again for later claims to decide
 REAP_EVERY_S = 2.0  # how often a waiting claim looks for dead processes
@@ -98,6 +98,8 @@ class StudyRunner:
 
     def __post_init__(self) -> None:
         self._valid = None if self.view.valid is None else {config_key(c) for c in self.view.valid}
+        # A trial from before a tunable existed measured that tunable's default (Space.with_defaults).
+        self._complete = self.view.space.with_defaults if self.view.space is not None else dict
         # A sampler that suggests each tunable on its own hits a valid config once in 1 / density
         # suggestions (the valid share of the product of the values it draws from): 10 / density in
         # a row all invalid has a chance of e^-10, however sparse the space (a union of kernels,
@@ -113,7 +115,11 @@ class StudyRunner:
             return sum(counts_toward_budget(t) for t in self.study.get_trials(deepcopy=False))
 
     def _done_keys(self, trials) -> set[tuple]:
-        return {config_key(t.user_attrs["config"]) for t in trials if counts_toward_budget(t)} | set(self.known)
+        return {self._key(t) for t in trials if counts_toward_budget(t)} | set(self.known)
+
+    def _key(self, trial) -> tuple:
+        """The key of the config `trial` claimed or measured."""
+        return config_key(self._complete(trial.user_attrs["config"]))
 
     def _exhausted(self, done: set[tuple]) -> bool:
         if self._valid is None or not self._valid <= done:
@@ -174,7 +180,7 @@ class StudyRunner:
             if measured >= self.budget or self._exhausted(done):
                 return None
             if measured + len(claims) >= self.budget or (
-                    self._valid is not None and self._valid <= done | {config_key(t.user_attrs["config"]) for t in claims}):
+                    self._valid is not None and self._valid <= done | {self._key(t) for t in claims}):
                 reap_dead(self.study)  # what is in flight may fill the budget, or may be dead
                 return WAIT
             trial = self.study.ask()
@@ -224,13 +230,13 @@ class StudyRunner:
         while True:
             trials = self.study.get_trials(deepcopy=False)
             for t in trials:
-                if counts_toward_budget(t) and config_key(t.user_attrs["config"]) == key:
+                if counts_toward_budget(t) and self._key(t) == key:
                     return "reuse", (t.number, t)
             if key in self.known:
                 return "reuse", self.known[key]
             others = [t for t in _claims(trials) if t.number != trial.number]
             ahead = [t for t in others if t.number < trial.number or t.user_attrs.get("measuring")]
-            if any(config_key(t.user_attrs["config"]) == key for t in ahead):
+            if any(self._key(t) == key for t in ahead):
                 return "in flight", None
             if len(ahead) == len(others):
                 break

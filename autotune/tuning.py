@@ -152,8 +152,9 @@ class Search:
                     "lacks: pass the storage those trials came from, or another --out or --study-prefix")
             reap_dead(study)
             self._copy_missing_rows(study, name)
-            known = measured_elsewhere(self.storage, name, key)
-            tried = [t.user_attrs.get("config") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+            known = measured_elsewhere(self.storage, name, key, job.space.with_defaults)
+            tried = [job.space.with_defaults(t.user_attrs["config"]) for t in
+                     study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "config" in t.user_attrs]
         baselines: dict = {}
         check = lambda config: self.target.target_violation(job.space, config, elt)
         runner = StudyRunner(study, view, self.budget, check,
@@ -175,7 +176,9 @@ class Search:
 
     def _incumbent(self, job: Job) -> dict | None:
         """The incumbent store's config for this call (best.json's, else the one shipped for this
-        GPU), resolved, if the space and the target still take it."""
+        GPU), resolved, if the space and the target still take it, and the study its precision: a
+        lower-precision winner (--lower-precision) is no incumbent of a study at the dtype's own,
+        which would judge it at its tolerance and could keep it."""
         entry = self.incumbent_entries.get((job.call.op, job.backend, job.call.dtype, job.call.key))
         if entry is None:
             return None
@@ -183,6 +186,8 @@ class Search:
         try:
             config = job.space.resolve(entry["config"], elt, self.target.arch)
         except ValueError:
+            return None
+        if job.space.precision_of(config) and not self.args.lower_precision:
             return None
         return None if self.target.target_violation(job.space, config, elt) else config
 
@@ -514,7 +519,7 @@ class Search:
             and baselines["incumbent_ms"] <= best.user_attrs["row"]["time_ms"]
         if best is not None:
             winner_ms = baselines["incumbent_ms"] if kept else best.user_attrs["row"]["time_ms"]
-            winner = baselines["incumbent"] if kept else best.user_attrs["config"]
+            winner = baselines["incumbent"] if kept else job.space.with_defaults(best.user_attrs["config"])
         default_ms, default = baselines.get("default_ms"), job.space.default_for(self.target.arch)
         # An entry slower than the default config would make its callers slower than the default: the
         # default config, timed in this run, is the entry then (a winner that is the default config,
@@ -544,7 +549,7 @@ class Search:
                 merge_into_store(self.best_path, self.target, [self.incumbent_entries[key]], lock=self._lock_path())
         elif best is not None:
             row = best.user_attrs["row"]
-            entry = {**base, "config": best.user_attrs["config"],
+            entry = {**base, "config": job.space.with_defaults(best.user_attrs["config"]),
                      # Where the measurement was made: a copy's row is its source's (another
                      # --study-prefix's study, say), and names that study and trial.
                      "study": row.get("study", name), "trial": row.get("trial", best.number),

@@ -125,6 +125,12 @@ class Space:
             raise ValueError(f"config: {problem} (config={dict(config)})")
         return dict(config)
 
+    def with_defaults(self, config: Mapping[str, int]) -> dict[str, int]:
+        """`config` with every tunable it lacks at the space's default: a config written before a
+        tunable existed (in a store, in a study) ran what that default runs (a new tunable's
+        default is the kernel as it was: TF32 = 0, say)."""
+        return {**{k: v for k, v in self.default.items() if k not in config}, **config}
+
     def default_for(self, arch: int) -> dict[str, int]:
         """The config a kernel runs when given none, on a GPU of this arch."""
         base = dict(self.default)

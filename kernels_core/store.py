@@ -189,6 +189,8 @@ def load_store(path, target: str | Target, *,
         problem = _entry_problem(entry, TARGETS[target], space_of)
         if problem:
             raise StoreError(f"{where}: {problem}")
+        space = space_of(entry["backend"], entry["op"], entry["dtype"])
+        entry = {**entry, "config": space.with_defaults(entry["config"])}
         key = tuple(entry[k] for k in REQUIRED[:4])
         if key in store.entries:
             raise StoreError(f"{where}: a second entry for the same op, backend, dtype and shape")
@@ -248,7 +250,7 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
         space = space_of(backend, op, dtype)
     except Exception as exc:  # a backend that cannot say its space cannot vouch for the config
         return f"cannot get the {backend} space of {op} {dtype}: {type(exc).__name__}: {exc}"
-    problem = target.target_violation(space, config, DTYPES[dtype].itemsize)
+    problem = target.target_violation(space, space.with_defaults(config), DTYPES[dtype].itemsize)
     return f"config {config}: {problem}" if problem else None
 
 

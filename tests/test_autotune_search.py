@@ -106,8 +106,8 @@ def test_lower_precision_is_tried_only_when_asked_and_emulation_must_match_the_d
     assert set(rows["TF32"]) == {0, 3} and len(rows) == 52  # every valid config but the lower-precision ones
     exact, emulated = rows[rows["TF32"] == 0], rows[rows["TF32"] == 3]
     assert (exact["status"] == "ok").all() and exact["default_rel_err"].isna().all()
-    assert (emulated["status"] == "wrong_result").all()
-    assert emulated["error"].str.contains("above the default config's").all()
+    assert (emulated["status"] == "less_accurate").all()
+    assert emulated["error"].str.contains("above the exact default config's").all()
     assert (emulated["rel_err"] > emulated["default_rel_err"]).all() and (emulated["default_rel_err"] < 1e-6).all()
 
     search(tmp_path, *args, "--lower-precision", FAKE_TF32="1")
@@ -118,6 +118,40 @@ def test_lower_precision_is_tried_only_when_asked_and_emulation_must_match_the_d
     emulated = lower[lower["TF32"] == 3]
     assert (emulated["rel_err"] <= emulated["default_rel_err"]).all()
     assert len(rows) == 52 + 78  # the first search's study is its own
+
+
+@pytest.mark.slow  # the tuner in subprocesses
+def test_a_lower_precision_entry_is_no_incumbent_of_an_exact_study(tmp_path, monkeypatch):
+    """best.json holds a plain TF32 config (from a --lower-precision run) at the fake matmul's fastest
+    tiles; a search at the dtype's own precision neither times it as the entry to beat nor keeps it."""
+    monkeypatch.setenv("FAKE_TF32", "1")
+    store = ConfigStore("cpu")
+    store.put({"op": "matmul", "backend": "fake", "dtype": "fp32", "shape": "16x16x16:nn",
+               "config": {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT": 1, "TF32": 1}})
+    save_store(tmp_path / "out" / "cpu" / "best.json", store)
+    search(tmp_path, "--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
+           "16x16x16", "--trials", "3", FAKE_TF32="1")
+    entry = load_store(tmp_path / "out" / "cpu" / "best.json", "cpu").entries[("matmul", "fake", "fp32", "16x16x16:nn")]
+    assert entry["config"]["TF32"] != 1 and "trial" in entry
+
+
+@pytest.mark.slow  # the tuner in subprocesses
+def test_a_tunable_added_since_a_study_ran_takes_its_default_in_its_old_trials(tmp_path, monkeypatch):
+    """A study resumed after its space gained a tunable (the fake matmul's TF32): its earlier trials
+    ran that tunable's default, so none of them is measured again, and the store the first run
+    wrote, without the tunable, still loads."""
+    args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes", "16x16x16",
+            "--sampler", "grid", "--seed", "3"]
+    search(tmp_path, *args, "--trials", "8")
+    first = tmp_path / "first.json"
+    shutil.copy(tmp_path / "out" / "cpu" / "best.json", first)
+    search(tmp_path, *args, "--trials", "20", FAKE_TF32="1")
+    rows = counted(trials(tmp_path))
+    configs = rows[["BLOCK_M", "BLOCK_N", "SPLIT"]].assign(TF32=rows["TF32"].fillna(0).astype(int))
+    assert len(rows) == 20 and not configs.duplicated().any(), configs
+    monkeypatch.setenv("FAKE_TF32", "1")
+    assert load_store(first, "cpu").lookup("matmul", "fake", "fp32", "16x16x16:nn")[0]["TF32"] == 0
+    load_store(tmp_path / "out" / "cpu" / "best.json", "cpu")
 
 
 @pytest.mark.slow  # the tuner in subprocesses
@@ -377,7 +411,12 @@ def test_real_triton_backend_under_the_interpreter(tmp_path):
            "--dtypes", "fp32", "--shapes", "16x32x16,8x16", "--trials", "2", "--workers", "1", timeout=300)
     rows = counted(trials(tmp_path))
     assert set(rows["op"]) == {"matmul", "relu", "softmax_cross_entropy"}
-    assert (rows["status"] == "ok").all(), rows[["op", "status", "error"]]
+    # 3xTF32 matmuls are held to the exact default's error, which under the interpreter is numpy's
+    # fp32 product: they may come out less accurate, never wrong.
+    emulated = rows["TF32"] == 3
+    assert (rows.loc[~emulated, "status"] == "ok").all(), rows[["op", "status", "error"]]
+    assert rows.loc[emulated, "status"].isin(["ok", "less_accurate"]).all(), rows[["op", "status", "error"]]
+    assert rows.loc[emulated, "default_rel_err"].notna().all()
     best = load_store(tmp_path / "out" / "cpu" / "best.json", "cpu")
     assert len(best.entries) == 3 and best.lookup("matmul", "triton", "fp32", "16x32x16:nn")[1] == "tuned"
 

@@ -300,6 +300,16 @@ def test_store_roundtrip_and_lookup(tmp_path):
     assert load_store(path, "sm_90").lookup("relu", "fake", "fp16", "64x64")[1] == "tuned"  # registry resolves fake
 
 
+def test_an_entry_from_before_a_tunable_existed_loads_with_its_default(tmp_path):
+    """A config written before its space gained a tunable ran what the tunable's default runs."""
+    path = write(tmp_path / "best.json", {"target": "sm_90", "entries": [entry(config={"BLOCK": 128})]})
+    store = load_store(path, "sm_90", space_of=fake_space)
+    assert store.lookup("relu", "fake", "fp16", "64x64")[0] == {"BLOCK": 128, "MODE": 0}
+    path = write(tmp_path / "best.json", {"target": "sm_90", "entries": [entry(config={"BLOCK": 100})]})
+    with pytest.raises(StoreError, match="outside the space"):  # what it has is still checked
+        load_store(path, "sm_90", space_of=fake_space)
+
+
 @pytest.mark.parametrize("data,match", [
     ("{not json", "not valid JSON"),
     ({"target": "sm_80", "entries": []}, "written for target 'sm_80'"),
@@ -309,7 +319,6 @@ def test_store_roundtrip_and_lookup(tmp_path):
     ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128.0, "MODE": 0})]}, "BLOCK=128.0 is not an integer"),
     ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128, "MODE": True})]}, "MODE=True is not an integer"),
     ({"target": "sm_90", "entries": [entry(config={"BLOCK": 100, "MODE": 0})]}, "outside the space"),
-    ({"target": "sm_90", "entries": [entry(config={"BLOCK": 128})]}, "missing tunable MODE"),
     ({"target": "sm_90", "entries": [dict(entry(), dtype="fp32", config={"BLOCK": 256, "MODE": 0})]},
      "restriction `BLOCK \\* elt <= 512` fails"),
     ({"target": "sm_90", "entries": [dict(entry(), op="conv")]}, "unknown op 'conv'"),

@@ -178,3 +178,25 @@ def test_a_call_the_mlps_call_list_lacks_stops_the_step():
     assert set(model.configs.chosen) == listed  # chosen up front, each once
     with pytest.raises(RuntimeError, match="matmul on 8x24x25:nn, which kernels_core.mlp.mlp_calls does not list"):
         model._config("matmul", "8x24x25:nn")
+
+
+def test_a_store_config_below_the_dtypes_precision_is_said_once_when_it_runs(tmp_path, capsys):
+    """A store tuned with --lower-precision may hold plain TF32 configs (TF32=1): the trainer runs
+    them as the store says, and says so once per call, naming the precision."""
+    from kernels_core.store import save_store
+    from trainer.build import make_backend
+
+    key = "8x24x784:nn"
+    store = ConfigStore("cpu")
+    tf32 = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1,
+            "TF32": 1}
+    store.put({"op": "matmul", "backend": "triton", "dtype": "fp32", "shape": key, "config": tf32})
+    save_store(tmp_path / "store.json", store)
+    config = Config(backend="triton", hidden=24, batch_size=8, target="cpu", tuned_configs=str(tmp_path / "store.json"))
+    _, configs = make_backend(config, CPU)  # the model looks up every call of its step
+    assert configs.get("matmul", key) == tf32
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "computes in tf32, below fp32" in line]
+    assert f"warning: matmul {key} runs a config of the store that computes in tf32, below fp32: " \
+        "BLOCK_K=32 BLOCK_M=32 BLOCK_N=64 GROUP_M=1 SPLIT_K=1 TF32=1 num_stages=3 num_warps=4" in warnings
+    # The nearest-shape rule and the fused ops' borrowing hand it to other calls: each said once.
+    assert len(warnings) == len(set(warnings)) > 1

@@ -40,6 +40,7 @@ def make_backend(config: Config, device: torch.device):
     store, origin = open_store(config)
     configs = CallConfigs(store, config.backend, config.dtype, origin=origin,
                           default_of=lambda op: ops.space(op, config.dtype).default_for(arch),
-                          valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt, arch))
+                          valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt, arch),
+                          precision_of=lambda op, cfg: ops.space(op, config.dtype).precision_of(cfg))
     initial = initial_mlp(config.hidden, config.layers, config.seed)
     return OpsMLP(ops, initial, config, device, configs), configs

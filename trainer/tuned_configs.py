@@ -107,11 +107,13 @@ class CallConfigs:
     (linear_sgd has SPLIT_K = 1 only), provided the result is valid there.
     """
 
-    def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None, origin: str = "none"):
+    def __init__(self, store, backend: str, dtype: str, default_of=None, valid_for=None, origin: str = "none",
+                 precision_of=None):
         self.store, self.backend, self.dtype = store, backend, dtype
         self.origin = origin  # where the store came from: "none", or "<kind>: <path>" (open_store)
         self._default_of = default_of  # op -> the config the kernel uses when given None
         self._valid_for = valid_for  # (op, key, config) -> the config as the op's space allows it, or None
+        self._precision_of = precision_of  # (op, config) -> the lower precision it computes at, or None
         self.chosen: dict[tuple[str, str], tuple[dict | None, str]] = {}
 
     def get(self, op: str, key: str) -> dict | None:
@@ -123,6 +125,10 @@ class CallConfigs:
                 if borrowed is not None:
                     found = (borrowed, f"matmul:{source}")
             self.chosen[(op, key)] = found
+            lower = self._precision_of(op, found[0]) if self._precision_of and found[0] is not None else None
+            if lower:  # a store tuned with --lower-precision: said once per call, as it runs
+                print(f"warning: {op} {key} runs a config of the store that computes in {lower}, below "
+                      f"{self.dtype}: {' '.join(f'{k}={v}' for k, v in sorted(found[0].items()))}", file=sys.stderr)
         return self.chosen[(op, key)][0]
 
     def sources(self) -> str:
