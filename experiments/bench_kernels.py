@@ -120,11 +120,11 @@ def _torch_variants(case: Case) -> list[tuple[str, None]]:
 def _with_tf32(fn: Callable) -> Callable:
     """fn with torch's fp32 matmuls on TF32 tensor cores while it runs (or while a graph captures it)."""
     def call(*args, **kwargs):
-        torch.backends.cuda.matmul.allow_tf32 = True
+        before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, True
         try:
             return fn(*args, **kwargs)
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = before
     return call
 
 

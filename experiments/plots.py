@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments import compare  # noqa: E402
+from experiments.bench_kernels import TORCH_TF32  # noqa: E402
 from experiments.paths import results_dir  # noqa: E402
 from experiments.report import load_compare  # noqa: E402
 from kernels_core.mlp import PROTOCOLS  # noqa: E402
@@ -64,7 +65,8 @@ def step_time(folder: Path) -> list[Path]:
                 top.plot(g.hidden, g.median_step_us, marker="o", label=variant)
                 mid.plot(g.hidden, pd.to_numeric(g.speedup_vs_best_torch, errors="coerce"), marker="o")
                 bottom.plot(g.hidden, pd.to_numeric(g.speedup_vs_torch_eager, errors="coerce"), marker="o")
-            fastest = run[run.backend == "torch"].sort_values("median_step_us").drop_duplicates("hidden")
+            exact = run[(run.backend == "torch") & ~run.variant.map(compare.lower_precision)]  # as the speedups
+            fastest = exact.sort_values("median_step_us").drop_duplicates("hidden")
             widths = fastest.sort_values("hidden").groupby("variant", sort=False).hidden
             mid.set_title("fastest torch: " + "; ".join(f"{v} at H={', '.join(map(str, hs))}" for v, hs in widths),
                           fontsize=8)
@@ -144,7 +146,8 @@ def roofline(folder: Path) -> list[Path]:
     dims = mm["shape"].str.split(":").str[0].str.split("x", expand=True).astype(float)
     m, n, k = dims[0], dims[1], dims[2]
     mm["intensity"] = 2 * m * n * k / ((m * k + k * n + m * n) * elt)
-    torch_peak = {dt: mm[(mm.backend == "torch") & (mm.dtype == dt)].tflops.max() for dt in mm.dtype.unique()}
+    cublas = mm[(mm.backend == "torch") & (mm.config_label != TORCH_TF32)]  # the dtype's own precision
+    torch_peak = {dt: cublas[cublas.dtype == dt].tflops.max() for dt in mm.dtype.unique()}
     for (backend, dtype), g in mm.groupby(["backend", "dtype"]):
         right.scatter(g.intensity, g.tflops, s=12, label=f"{backend} {dtype}")
     xs = pd.Series([1, 10, 100, 1000, 3000], dtype=float)

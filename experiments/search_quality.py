@@ -133,7 +133,9 @@ def measure_grid(args, path: Path) -> pd.DataFrame:
     done = set()
     if runs_path.exists():
         runs = pd.read_csv(runs_path, dtype=AS_TEXT)
-        done = {(r["shape"], samplers.config_key({t: int(r[t]) for t in tunables}), int(r["repeat"]))
+        # Runs from before a tunable existed ran its default (Space.with_defaults).
+        have = [t for t in tunables if t in runs.columns]
+        done = {(r["shape"], samplers.config_key(space.with_defaults({t: int(r[t]) for t in have})), int(r["repeat"]))
                 for _, r in runs.iterrows()}
     # Repeat-major: the timings of one config lie a whole pass apart, so a drift of the
     # GPU's clocks or temperature shows in the spread instead of hiding in the median.

@@ -20,7 +20,7 @@ import optuna
 import pandas as pd
 
 import kernels_cuda as kc
-from autotune.samplers import SAMPLERS
+from autotune.samplers import SAMPLERS, view_space
 from kernels_core.targets import TARGETS
 from kernels_core.contract import DTYPES
 from experiments.search_quality import replay
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     space, target, rng = kc.space("matmul", args.dtype), TARGETS["sm_90"], random.Random(0)
     elt = DTYPES[args.dtype].itemsize
     rows = [{**c, "status": "ok", "time_ms": (0.5 if eval(args.fast, {}, dict(c)) else 1.0) * (1 + rng.random())}
-            for c in space.configs(elt, 90) if space.cost(c, elt, 90)["smem_bytes"] <= target.smem_per_block_optin]
+            for c in view_space(space, target, elt).valid]  # what a search draws from: no lower precision
     grid = pd.DataFrame(rows)
     print("valid", len(grid), "product", math.prod(len(set(grid[t])) for t in space.params))
     for seed in range(args.seeds):
