@@ -527,13 +527,18 @@ struct TcBlock {
                 else if (EH == 1) ldmatrix_x2<1>(bf[NT - 1], b_at(bs, kk, NT - 1));
                 else              frag_rows<TileB, 2>(bf[NT - 1], at.b_base, s, kk / EH, wn * WN + (NT - 1) * 8);
             }
-            auto sum = [&](int i, int j) -> Frag& { return TWO_SETS && kk / KH % 2 ? acc_odd[i][j] : acc[i][j]; };
-            if constexpr (TF32 == 0) {
+            // One mma per 16 x 8 output tile of the warp, from the fragments `a` and `b`.
+            auto mma_tiles = [&](const u32 (&a)[MT][4], const u32 (&b)[NT][2]) {
 #pragma unroll
                 for (int i = 0; i < MT; ++i)
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_16816<DT, SM80>(sum(i, j), af[i], bf[j]);
-            } else if constexpr (TF32 == 1) {
+                    for (int j = 0; j < NT; ++j) {
+                        Frag& c = TWO_SETS && kk / KH % 2 ? acc_odd[i][j] : acc[i][j];
+                        if constexpr (TF32) mma_1688_tf32(c, a[i], b[j]);
+                        else                mma_16816<DT, SM80>(c, a[i], b[j]);
+                    }
+            };
+            if constexpr (TF32 == 1) {
 #pragma unroll
                 for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -542,11 +547,7 @@ struct TcBlock {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) bf[j][e] = to_tf32(bf[j][e]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], bf[j]);
-            } else {  // 3xTF32: small * big, big * small, then big * big, each over every tile in turn
+            } else if constexpr (TF32 == 3) {  // 3xTF32: small * big and big * small, then big * big below
                 u32 a_small[MT][4], b_small[NT][2];
 #pragma unroll
                 for (int i = 0; i < MT; ++i)
@@ -556,19 +557,10 @@ struct TcBlock {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) split_tf32(bf[j][e], bf[j][e], b_small[j][e]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), a_small[i], bf[j]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], b_small[j]);
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) mma_1688_tf32(sum(i, j), af[i], bf[j]);
+                mma_tiles(a_small, bf);
+                mma_tiles(af, b_small);
             }
+            mma_tiles(af, bf);
         }
     }
 
