@@ -262,7 +262,7 @@ def _precision(backend: str, case: Case, config: dict | None) -> str | None:
     if config is None:
         return None
     space = kernel_packages.space(backend, case.op, case.dtype)
-    return space.precision_of({**space.default, **config})
+    return space.precision_of(space.with_defaults(config))
 
 
 def measure_copy(n: int, device) -> float:

@@ -99,18 +99,17 @@ from .optim import sgd_rule
 
 
 @triton.jit
+def _finite(x):
+    return tl.abs(x) <= 3.4028234663852886e38  # false for NaN and the infinities
+
+
+@triton.jit
 def _to_tf32(x):
     """fp32 x rounded to TF32 (10 mantissa bits): to nearest, ties to even, in integer arithmetic so
     that the interpreter rounds as the GPU does; Inf and NaN pass unchanged."""
     bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + (0xFFF + ((bits >> 13) & 1))) & 0xFFFFE000
-    special = (bits & 0x7F800000) == 0x7F800000
-    return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _finite(x):
-    return tl.abs(x) <= 3.4028234663852886e38  # false for NaN and the infinities
+    rounded = ((bits + (0xFFF + ((bits >> 13) & 1))) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where(_finite(x), rounded, x)
 
 
 @triton.jit
