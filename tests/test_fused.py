@@ -23,14 +23,14 @@ from tests.test_splitk import K_CASES, counters_are_zero, tolerance
 DTYPES = list(contract.DTYPES)
 
 
-def pick(ops, op, dtype, device, rng, *, split_k=1, min_block_n=16, max_block_n=256):
-    """A config of the twin's `op` space at its dtype's precision with this SPLIT_K and
-    min_block_n <= BLOCK_N <= max_block_n, drawn from the smallest such tiles."""
+def pick(ops, op, dtype, device, rng, *, split_k=1, min_block_n=16, max_block_n=256, tf32=None):
+    """A config of the twin's `op` space with this SPLIT_K and min_block_n <= BLOCK_N <= max_block_n,
+    drawn from the smallest such tiles: at its dtype's precision, or with TF32 = `tf32` (fp32)."""
     sp = ops.space(op, dtype)
     arch = contract.device_arch(torch.device(device))
+    precision = (lambda c: sp.precision_of(c) is None) if tf32 is None else (lambda c: c["TF32"] == tf32)
     configs = [c for c in sp.configs(contract.DTYPES[dtype].itemsize, arch)
-               if c["SPLIT_K"] == split_k and min_block_n <= c["BLOCK_N"] <= max_block_n
-               and sp.precision_of(c) is None]  # lower precisions: test_ops
+               if c["SPLIT_K"] == split_k and min_block_n <= c["BLOCK_N"] <= max_block_n and precision(c)]
     assert configs, f"{op}/{dtype}: no config with SPLIT_K={split_k}, BLOCK_N in [{min_block_n}, {max_block_n}]"
     smallest = min(c["BLOCK_M"] * c["BLOCK_N"] for c in configs)
     small = [c for c in configs if c["BLOCK_M"] * c["BLOCK_N"] <= max(smallest, 32 * 32)]

@@ -21,23 +21,11 @@ from kernels_core.reference import exact
 from kernels_core.space import Space
 from kernels_core.targets import TARGETS
 from kernels_triton.matmul import _to_tf32
+from tests.test_fused import pick
 from tests.test_ops import assert_rel, check_linear_ce, check_linear_sgd, randn, sgd_layer
 from tests.test_splitk import tolerance
 
 EXACT, SPLIT3, PLAIN = 0, 3, 1  # the TF32 tunable's values
-
-
-@pytest.fixture
-def twin(ops):
-    return ops
-
-
-def tf32_config(twin, op, device, rng, tf32, split_k=1):
-    """A config of `op`'s fp32 space with this TF32 and SPLIT_K, from its small tiles."""
-    sp = twin.space(op, "fp32")
-    configs = [c for c in sp.configs(4, contract.device_arch(torch.device(device)))
-               if c["TF32"] == tf32 and c["SPLIT_K"] == split_k and c["BLOCK_M"] * c["BLOCK_N"] <= 32 * 32]
-    return configs[torch.randint(len(configs), (1,), generator=rng).item()]
 
 
 # ----------------------------------------------------------------------------- the rounding
@@ -79,7 +67,7 @@ def test_to_tf32_rounds_to_nearest_even(device, rng):
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
 @pytest.mark.parametrize("split_k", [1, 4])
-def test_matmul_3xtf32_within_the_fp32_bound(twin, device, rng, layout, split_k):
+def test_matmul_3xtf32_within_the_fp32_bound(ops, device, rng, layout, split_k):
     """3xTF32 with bias and ReLU, every layout, split or not: within the bound of the exact fp32
     kernels (test_splitk.tolerance: the split's dropped terms included), where one TF32 product
     alone would be off by about 2^-12."""
@@ -87,16 +75,16 @@ def test_matmul_3xtf32_within_the_fp32_bound(twin, device, rng, layout, split_k)
     a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
     bias = randn(rng, (n,), "fp32", device)
     trans_a, trans_b = layout[0] == "t", layout[1] == "t"
-    config = tf32_config(twin, "matmul", device, rng, SPLIT3, split_k)
+    config = pick(ops, "matmul", "fp32", device, rng, tf32=SPLIT3, split_k=split_k)
     stored_a = a.t().contiguous() if trans_a else a  # op(stored) is a
     stored_b = b.t().contiguous() if trans_b else b
-    out = twin.matmul(stored_a, stored_b, bias=bias, activation="relu", trans_a=trans_a, trans_b=trans_b,
+    out = ops.matmul(stored_a, stored_b, bias=bias, activation="relu", trans_a=trans_a, trans_b=trans_b,
                       config=config)
     assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance("fp32", k, device), f"config={config}")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # inf * 0, on purpose
-def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(twin, device, rng):
+def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(ops, device, rng):
     """As test_ops.test_matmul_nan_inf, in 3xTF32: a NaN in A gives its row NaN; an infinity meets B's
     entries that are exact TF32 numbers (their small parts 0, where inf * 0 in a cross product would
     be NaN), another infinity (inf * inf) and a 0 (inf * 0: NaN, as IEEE has it); a finite A entry
@@ -112,8 +100,8 @@ def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(twin, d
     b[2, 7] = float("inf")  # C[7, 7] = inf * inf + ...: +inf
     b[2, 9] = 0.0  # C[7, 9] = inf * 0 + ...: NaN
     a[9, 0] = torch.tensor(0x7F7FF000, dtype=torch.int32).view(torch.float32).item()  # times b[0] <= ~4e-3: finite
-    config = tf32_config(twin, "matmul", device, rng, SPLIT3)
-    out = twin.matmul(a, b, config=config)
+    config = pick(ops, "matmul", "fp32", device, rng, tf32=SPLIT3)
+    out = ops.matmul(a, b, config=config)
     ref = exact.matmul(a, b)
     assert torch.equal(out.isnan().cpu(), ref.isnan().cpu()) and out[3].isnan().all(), f"config={config}"
     assert torch.equal(out.isinf().cpu(), ref.isinf().cpu()) and out[7, 7].isposinf(), f"config={config}"
@@ -122,14 +110,14 @@ def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(twin, d
     assert_rel(out[finite], ref[finite], tolerance("fp32", k, device), f"config={config}")
 
 
-def test_plain_tf32_is_a_lower_precision_within_its_bound(twin, device, rng):
+def test_plain_tf32_is_a_lower_precision_within_its_bound(ops, device, rng):
     """TF32 = 1 rounds both operands to TF32: each product off by at most 2^-10 of its size, so
     about 2^-11 norm-wise with random signs; bounded by twice that, and visibly rounded (an exact
     fp32 product is 2^-24-close)."""
     m, n, k = 45, 38, 300
     a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
-    config = tf32_config(twin, "matmul", device, rng, PLAIN)
-    out = twin.matmul(a, b, config=config)
+    config = pick(ops, "matmul", "fp32", device, rng, tf32=PLAIN)
+    out = ops.matmul(a, b, config=config)
     ref = exact.matmul(a, b)
     err = (torch.linalg.vector_norm(out.double().cpu() - ref) / torch.linalg.vector_norm(ref)).item()
     assert 2.0**-14 < err <= 2 * 2.0**-11 + tolerance("fp32", k, device), f"config={config}: error {err:.3g}"
@@ -137,18 +125,18 @@ def test_plain_tf32_is_a_lower_precision_within_its_bound(twin, device, rng):
 
 # ----------------------------------------------------------------------------- the fused step's ops
 
-def test_linear_cross_entropy_in_3xtf32(twin, device, rng):
+def test_linear_cross_entropy_in_3xtf32(ops, device, rng):
     m, n, k = 29, 10, 70
     x, w = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device, scale=0.3)
     labels = torch.randint(0, n, (m,), generator=rng).to(device)
-    config = tf32_config(twin, "linear_cross_entropy", device, rng, SPLIT3)
-    check_linear_ce(twin, x, w, labels, bias=randn(rng, (n,), "fp32", device), config=config)
+    config = pick(ops, "linear_cross_entropy", "fp32", device, rng, tf32=SPLIT3)
+    check_linear_ce(ops, x, w, labels, bias=randn(rng, (n,), "fp32", device), config=config)
 
 
-def test_linear_sgd_in_3xtf32(twin, device, rng):
+def test_linear_sgd_in_3xtf32(ops, device, rng):
     layer = sgd_layer(rng, device, "fp32", 70, 37, 19, momentum=0.9, rows=90, low=True)
-    config = tf32_config(twin, "linear_sgd", device, rng, SPLIT3)
-    check_linear_sgd(twin, layer, lr=0.1, momentum=0.9, weight_decay=1e-4, config=config)
+    config = pick(ops, "linear_sgd", "fp32", device, rng, tf32=SPLIT3)
+    check_linear_sgd(ops, layer, lr=0.1, momentum=0.9, weight_decay=1e-4, config=config)
 
 
 # ----------------------------------------------------------------------------- the space
@@ -157,15 +145,15 @@ def test_linear_sgd_in_3xtf32(twin, device, rng):
 def test_the_tf32_tunable_is_declared_with_its_precisions(name):
     import importlib
 
-    twin = importlib.import_module(f"kernels_{name}")
+    ops = importlib.import_module(f"kernels_{name}")
     for op in ("matmul", "linear_cross_entropy", "linear_sgd"):
-        sp = twin.space(op, "fp32")
+        sp = ops.space(op, "fp32")
         assert sp.params["TF32"] == (EXACT, SPLIT3, PLAIN) and sp.default["TF32"] == EXACT
         assert sp.precision_of({**sp.default, "TF32": PLAIN}) == "tf32" and sp.precision_of(sp.default) is None
         assert sp.is_emulated({**sp.default, "TF32": SPLIT3}) and not sp.is_emulated(sp.default)
         assert not any(c["TF32"] for c in sp.configs(4, 75)), "sm_75 has no TF32 tensor cores"
         for dtype in ("fp16", "bf16"):
-            assert "TF32" not in twin.space(op, dtype).params
+            assert "TF32" not in ops.space(op, dtype).params
         # A search leaves plain TF32 out unless asked.
         assert view_space(sp, TARGETS["sm_90"], 4).values["TF32"] == [EXACT, SPLIT3]
         assert view_space(sp, TARGETS["sm_90"], 4, lower_precision=True).values["TF32"] == [EXACT, SPLIT3, PLAIN]
