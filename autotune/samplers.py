@@ -179,7 +179,7 @@ def view_space(space: Space, target: Target, elt: int, lower_precision: bool = F
         return SpaceView(space, {k: list(v) for k, v in params.items()}, None, space.size())
     names = list(params)
     valid = [c for c in space.configs(elt, target.arch) if all(c[n] in params[n] for n in names)
-             and target.target_violation(space, c, elt) is None]
+             and target.cost_violation(space, c, elt) is None]  # configs() has judged the rules
     values = {n: [v for v in params[n] if any(c[n] == v for c in valid)] for n in names}
     return SpaceView(space, values, valid, space.size())
 

@@ -43,9 +43,10 @@ class Target:
 
     def target_violation(self, space: Space, config: Mapping[str, int], elt: int) -> str | None:
         """The first reason `config` cannot run on this target, or None."""
-        problem = space.violated(config, elt, self.arch)
-        if problem:
-            return problem
+        return space.violated(config, elt, self.arch) or self.cost_violation(space, config, elt)
+
+    def cost_violation(self, space: Space, config: Mapping[str, int], elt: int) -> str | None:
+        """Why a config the space's rules take asks more of a block than this target has, or None."""
         cost = space.cost(config, elt, self.arch)
         if cost["threads"] > self.max_threads_per_block:
             return f"needs {cost['threads']} threads per block; {self.name} allows {self.max_threads_per_block}"
