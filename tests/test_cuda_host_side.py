@@ -19,7 +19,7 @@ import kernels_cuda as kc
 from kernels_core.contract import DTYPES, cdiv, label_flag
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
-from kernels_cuda.matmul import KERNEL_PARAMS
+from kernels_cuda.matmul import KERNEL_PARAMS, on_simt
 
 # Where the matmul kernels' template arguments sit (kernels_cuda/matmul.py: simt_variant, tc_variant).
 A_KC_AT = {"fp32": 10, "fp16": 11, "bf16": 11}
@@ -457,8 +457,9 @@ def test_splitk_configs_across_the_space(rng, dtype):
 
     from tests.test_ops import check_matmul, local_arch, matmul_operands, randn
 
-    configs = [c for c in kc.space("matmul", dtype).configs(DTYPES[dtype].itemsize, local_arch("cuda"))
-               if c["SPLIT_K"] > 1]
+    sp = kc.space("matmul", dtype)
+    configs = [c for c in sp.configs(DTYPES[dtype].itemsize, local_arch("cuda"))
+               if c["SPLIT_K"] > 1 and sp.precision_of(c) is None]  # lower precisions: test_tf32
     for i, cfg in enumerate(random.Random(f"splitk-{dtype}").sample(configs, 12)):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
         m, n, k = 150, 90, 1013 + 64 * i
@@ -755,7 +756,7 @@ def test_a_rows_with_splitk(rng, dtype, trans_a):
     k = 1000
     b = randn(rng, (k, 40), dtype, "cuda")
     sp = kc.space("matmul", dtype)
-    for cfg in random.Random(f"rows-{dtype}-{trans_a}").sample(_fitting(sp, elt, lambda c: c["SPLIT_K"] > 1), 4):
+    for cfg in random.Random(f"rows-{dtype}-{trans_a}").sample(_fitting(sp, elt, lambda c: c["SPLIT_K"] > 1 and sp.precision_of(c) is None), 4):
         out = kc.matmul(data, b, trans_a=trans_a, a_rows=rows, config=cfg)
         assert_rel(out, exact.matmul(data, b, trans_a=trans_a, a_rows=rows), matmul_tol(dtype, k), str(cfg))
 
@@ -800,7 +801,7 @@ def test_simt_ring_gives_the_two_buffer_loops_bits(rng):
     from kernels_core.reference import exact
     from tests.test_ops import assert_rel, matmul_operands, matmul_tol, randn
 
-    ring = _fitting(kc.space("matmul", "fp32"), 4, lambda c: c["num_stages"] >= 3)
+    ring = _fitting(kc.space("matmul", "fp32"), 4, lambda c: on_simt("fp32", c) and c["num_stages"] >= 3)
     pick = random.Random("simt-ring")
 
     def same(fn, cfg, **kw):

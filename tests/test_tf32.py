@@ -119,7 +119,7 @@ def test_plain_tf32_is_a_lower_precision_within_its_bound(ops, device, rng):
     config = pick(ops, "matmul", "fp32", device, rng, tf32=PLAIN)
     out = ops.matmul(a, b, config=config)
     ref = exact.matmul(a, b)
-    err = (torch.linalg.vector_norm(out.double().cpu() - ref) / torch.linalg.vector_norm(ref)).item()
+    err = (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
     assert 2.0**-14 < err <= 2 * 2.0**-11 + tolerance("fp32", k, device), f"config={config}: error {err:.3g}"
 
 
