@@ -88,31 +88,41 @@ def study_winners(trials_csv: Path) -> pd.DataFrame:
     return best.set_index("study")[["op", "backend", "dtype", "shape", "config", "time_ms"]]
 
 
-def winners(work: Path, rounds: int) -> pd.DataFrame:
-    """The parallel run's and the serial run's winner of each study, re-timed side by side."""
+def study_calls(plan) -> dict:
+    """The call each study of `plan` times, by the study's name (trials.csv's `study`)."""
+    from autotune.studies import study_name
+
+    return {study_name("", plan.target.name, job.call.op, job.backend, job.call.dtype, job.call.study_key): job.call
+            for job in plan.jobs}
+
+
+def winners(work: Path, rounds: int, tuning: list[str] = TUNING[2:]) -> pd.DataFrame:
+    """The parallel run's and the serial run's winner of each study (the search `tuning`, the
+    autotune.search arguments both ran), re-timed side by side."""
     from autotune import search
     from autotune.evaluate import Evaluator
     from autotune.plan import build_plan
     from experiments.steps import timings_in_turn
 
-    args = search.parse_args(TUNING[2:])
+    args = search.parse_args(tuning)
     plan = build_plan(args)
     target = plan.target.name
     parallel, serial = (study_winners(work / name / "experiments" / target / "trials.csv") for name in WINNERS)
-    calls = {(job.call.op, job.call.dtype, job.call.key): job.call for job in plan.jobs}
+    calls = study_calls(plan)
     pool = Evaluator(target, 1, args.timeout, work / "logs")
     rows, prov = [], provenance()
     try:
         for study, p in parallel.iterrows():
             s = serial.loc[study]
-            row = {**prov, "study": study, "op": p.op, "backend": p.backend, "dtype": p.dtype, "shape": p.shape,
-                   "parallel_config": p.config, "serial_config": s.config, "parallel_ms": p.time_ms,
-                   "serial_ms": s.time_ms}
-            if p.config == s.config:
+            # By key: p.dtype and p.shape are the row Series' own attributes, not its columns.
+            row = {**prov, "study": study, **{k: p[k] for k in ("op", "backend", "dtype", "shape")},
+                   "parallel_config": p["config"], "serial_config": s["config"], "parallel_ms": p["time_ms"],
+                   "serial_ms": s["time_ms"]}
+            if p["config"] == s["config"]:
                 row.update(parallel_retimed_ms=None, serial_retimed_ms=None, ratio=1.0)
             else:
-                takes = [(0, json.loads(p.config)), (0, json.loads(s.config))]
-                times = timings_in_turn(pool, calls[(p.op, p.dtype, p.shape)], p.backend, takes, rounds,
+                takes = [(0, json.loads(p["config"])), (0, json.loads(s["config"]))]
+                times = timings_in_turn(pool, calls[study], p["backend"], takes, rounds,
                                         "tuning_speed")
                 med = [float(pd.Series(t).median()) for t in times]
                 row.update(parallel_retimed_ms=med[0], serial_retimed_ms=med[1], ratio=med[0] / med[1])

@@ -268,7 +268,7 @@ def test_ksweep_splits_each_line_into_its_fixed_and_per_step_parts(rng):
 
 
 @pytest.mark.slow  # the tuner in a subprocess
-def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_winner(tmp_path):
+def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_winner(tmp_path, monkeypatch):
     """tuning_speed's figures are the tuner's own: its summary of a real run (the fake backend on the
     cpu target, through a compile pool of two) and its trials' fastest config per study."""
     import os
@@ -300,6 +300,22 @@ def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_wi
             fastest.BLOCK_M, fastest.BLOCK_N, fastest.SPLIT)
     with pytest.raises(ValueError, match="no tuner summary"):
         summary_figures(done.stdout.replace("Tuning took", "Tuned in"))
+
+    # The same studies searched serially, then each study's two winners re-timed side by side.
+    tuning = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32", "--shapes",
+              "8x16x8,16x8x24", "--sampler", "random", "--trials", "3"]
+    for name, workers in zip(tuning_speed.WINNERS, ("2", "0")):
+        done = subprocess.run([sys.executable, "-m", "autotune.search", *tuning, "--workers", workers, "--seed",
+                               workers, "--out", str(tmp_path / name / "experiments")],
+                              cwd=paths.RESULTS.parent.parent, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")
+    found = tuning_speed.winners(tmp_path, 2, tuning).set_index("study")
+    assert sorted(found.index) == sorted(rows.study.unique())
+    for study, row in found.iterrows():
+        assert row["op"] == "matmul" and row["backend"] == "fake" and row["shape"] == study.rsplit(":", 2)[1] + ":nn"
+        differ = row["parallel_config"] != row["serial_config"]
+        assert (row["parallel_retimed_ms"] > 0 and row["serial_retimed_ms"] > 0) if differ else row["ratio"] == 1.0
 
 
 def test_tuning_speed_names_a_run_it_does_not_know_and_needs_a_gpu(capsys):
