@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 import torch
 
-from trainer.data import DEFAULT_DIR, SPECS, DeviceBatches, MnistDataError, load_mnist, read_idx, read_mnist
+from trainer.data import DEFAULT_DIR, MEAN, SPECS, STD, DeviceBatches, MnistDataError, load_mnist, read_idx, read_mnist
 
 
 def test_vendored_files_load_with_expected_counts_and_shapes():
@@ -25,6 +25,13 @@ def test_vendored_files_load_with_expected_counts_and_shapes():
     assert data.train_y.dtype == torch.int64
     # Normalized with MNIST's statistics: the training set comes out near zero mean, unit std.
     assert abs(data.train_x.mean().item()) < 0.01 and abs(data.train_x.std().item() - 1) < 0.01
+    # Each pixel as fp32 arithmetic normalizes its byte, then rounded once to the compute dtype.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        data = load_mnist(DEFAULT_DIR, torch.device("cpu"), dtype, train_subset=300)
+        for x, images in ((data.train_x, arrays["train_images"][:300]), (data.test_x, arrays["test_images"])):
+            pixels = torch.tensor(images.reshape(len(images), -1), dtype=torch.float32)
+            assert x.dtype == dtype and torch.equal(x, ((pixels / 255.0 - MEAN) / STD).to(dtype))
+        assert torch.equal(data.test_y, torch.tensor(arrays["test_labels"], dtype=torch.int64))
 
 
 def _copy_with(tmp_path, name, raw=None, gz=None):
