@@ -25,7 +25,7 @@ def test_summary_names_outputs_accuracy_step_time_and_the_next_command(tmp_path,
 
     lines = quickstart.summary_lines(results, ["experiments/runs/ (runs)"], ["the cuda backend"], "python -m x")
     run_line = next(line for line in lines if line.strip().startswith("torch"))
-    assert f"test accuracy {summary['test_accuracy']:7.2%}" in run_line
+    assert f"test accuracy {summary['test_accuracy']:7.2%}" in run_line and " eager  H=16 " in run_line
     assert f"step {summary['median_step_us'] / 1e3:9.2f} ms" in run_line
     assert run_line.endswith(summary["csv"]) and (tmp_path / summary["csv"]).is_file()
     assert "outputs: experiments/runs/ (runs)" in lines and "skipped: the cuda backend" in lines
