@@ -57,12 +57,26 @@ class _Pool:
     def __len__(self) -> int:
         return len(self.workers)
 
+    def start(self) -> None:
+        """Starts every worker process, waiting for none (WorkerProcess.start)."""
+        for worker, _ in self.workers:
+            worker.start()
+
     def interrupt(self) -> None:
         for worker, _ in self.workers:
             worker.interrupt()
 
     def close(self) -> None:
-        for worker, _ in self.workers:
+        close_pools(self)
+
+
+def close_pools(*pools: _Pool) -> None:
+    """Ends every worker of `pools`: all are told to exit before any is waited for."""
+    for pool in pools:
+        for worker, _ in pool.workers:
+            worker.ask_to_exit()
+    for pool in pools:
+        for worker, _ in pool.workers:
             worker.close()
 
 

@@ -11,9 +11,10 @@ first) start compiling. A measurement shares its GPU with no other measurement a
 the kernels the compiles build (kernels_core.compile_only; a compile process's own small torch
 work, its inputs' random fill and a wrapper's allocations, still runs on its GPU). A study's
 trials are timed after its baselines, so every timed row carries the default's and torch's
-times; the torch baseline of a call is timed once for all the backends' studies of it. How far
-ahead the compiles run is bounded (AHEAD_PER_GPU): a config asked for later is drawn by a sampler
-that knows more results.
+times; the torch baseline of a call is timed once for all the backends' studies of it. A thread
+of its own tells the studies the outcomes, so a GPU does not wait for the storage. How far ahead
+the compiles run is bounded (AHEAD_PER_GPU): a config asked for later is drawn by a sampler that
+knows more results.
 
 With --workers 0 there is no compile pool: each timing process compiles its trials itself,
 the serial baseline of the pipeline.
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from autotune import console
 from autotune.errors import SearchError, SearchStopped
-from autotune.evaluate import CompilePool, Evaluator, default_compilers
+from autotune.evaluate import CompilePool, Evaluator, close_pools, default_compilers
 from autotune.plan import Job, Plan
 from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
 from autotune.storage import (Heartbeat, counts_toward_budget, measured_elsewhere, open_storage, owner_dead,
@@ -95,6 +96,8 @@ class Search:
         self.lanes: list[Lane] = []  # each study of the plan, in the plan's order
         self.cond = threading.Condition()  # guards the lanes' progress and the queue; never taken inside self.lock
         self.queue: list[Timing] = []  # measurements waiting for a GPU
+        self.told: list[tuple[Lane, Candidate, dict]] = []  # trials timed, outcome not yet told to their study
+        self.timing_loops = 0  # timing threads running
         self.ahead = AHEAD_PER_GPU * len(self.pool)
         self.torch_times: dict[Call, dict | list] = {}  # the torch baseline of a call: its result, or the lanes awaiting it
         self.summary: list[dict] = []
@@ -414,6 +417,14 @@ class Search:
                 return
 
     def _time_loop(self, index: int) -> None:
+        try:
+            self._time_tasks(index)
+        finally:
+            with self.cond:
+                self.timing_loops -= 1
+                self.cond.notify_all()
+
+    def _time_tasks(self, index: int) -> None:
         compiling_here = not len(self.compilers)
         while not self.stop.is_set() and ("timing", index) not in self.retired:
             with self.cond:
@@ -455,9 +466,25 @@ class Search:
                     self._deliver(waiting, task.labels, result)
             self._settle(lanes)
             return
-        self._tell(lane, task.candidate, result)
+        with self.cond:
+            self.told.append((lane, task.candidate, result))
+            self.cond.notify_all()
         if self._count_failure(("timing", index), result):
             self._check_workers()
+
+    def _tell_loop(self, _: int) -> None:
+        """Tells each study the outcomes the timing processes measured, in their order, while the GPUs
+        go on to their next measurements: a tell is a few storage round trips, each as long as timing
+        a small kernel, and the GPU would otherwise wait through them. Ends once every timing thread
+        has ended and every outcome is told (so also after a stop: a measured outcome is kept)."""
+        while True:
+            with self.cond:
+                while not self.told and self.timing_loops:
+                    self.cond.wait(WAIT_S)
+                if not self.told:
+                    return
+                lane, candidate, result = self.told.pop(0)
+            self._tell(lane, candidate, result)
 
     def _check_workers(self) -> None:
         """A SearchStopped when no GPU is left to time on, or no compile process to compile on."""
@@ -562,6 +589,14 @@ class Search:
                             "vs default": row.get("speedup_vs_default"), "vs torch": row.get("speedup_vs_torch")})
         self.summary.append(summary)
 
+    def _judge_studies_told_in_full(self) -> None:
+        """After a stop, with every thread ended: a study whose whole budget was told (the teller tells
+        the last outcomes after the stop too) is judged now, as the search would have judged it."""
+        for lane in self.lanes:
+            if not lane.finished and lane.baselines_stored and not lane.in_flight and not lane.runner.left():
+                lane.asks_over = lane.finished = True
+                self._write_best(lane)
+
     def _incumbent_name(self) -> str:
         return "the shipped store's" if self.incumbents.kind == "shipped" else "best.json's"
 
@@ -571,12 +606,20 @@ class Search:
     # -- the whole run ---------------------------------------------------------------
     def run(self) -> bool:
         """Every study of the plan; True when a Ctrl-C ended them (its trials in flight dropped)."""
-        self.lanes = [self.open(order, job) for order, job in enumerate(self.plan.jobs)]
+        self.pool.start()  # the workers import torch while the studies open
+        self.compilers.start()
+        try:
+            self.lanes = [self.open(order, job) for order, job in enumerate(self.plan.jobs)]
+        except BaseException:
+            close_pools(self.pool, self.compilers)
+            raise
         self.bar = console.bar(total=sum(lane.left for lane in self.lanes), unit="trial")
         threads = [threading.Thread(target=self._guarded, args=(self._compile_loop, i), daemon=True)
                    for i in range(len(self.compilers))]
         threads += [threading.Thread(target=self._guarded, args=(self._time_loop, i), daemon=True)
                     for i in range(len(self.pool))]
+        threads.append(threading.Thread(target=self._guarded, args=(self._tell_loop, 0), daemon=True))
+        self.timing_loops = len(self.pool)
         self.started = time.monotonic()
         interrupted = False
         try:
@@ -598,18 +641,21 @@ class Search:
                     for t in threads:
                         t.join(30)
             if self.crashed:
+                if isinstance(self.crashed[0], SearchStopped):
+                    self._judge_studies_told_in_full()
                 raise self.crashed[0]  # the search stops: a bug, or no worker left
         except KeyboardInterrupt:
             interrupted = True
+            self._judge_studies_told_in_full()
         finally:
             self.seconds = time.monotonic() - self.started
             with self.cond:
-                untimed = [task for task in self.queue if task.candidate is not None]
-            for task in untimed:  # compiled, never timed: a later run measures them
-                task.lane.runner.abandon(task.candidate)
+                untimed = [(task.lane, task.candidate) for task in self.queue if task.candidate is not None]
+                untold = [(lane, candidate) for lane, candidate, _ in self.told]  # the teller crashed
+            for lane, candidate in untimed + untold:  # a later run measures them
+                lane.runner.abandon(candidate)
             self.bar.close()
-            self.pool.close()
-            self.compilers.close()
+            close_pools(self.pool, self.compilers)
             self.heartbeat.stop()
             self.csv.close()
             self.summary.sort(key=lambda row: row.pop("order"))

@@ -46,10 +46,16 @@ class WorkerProcess:
     def __init__(self, name: str, env: dict[str, str], log_path: Path):
         self.name, self.env, self.log_path = name, env, log_path
         self.proc: subprocess.Popen | None = None
-        self._buffer, self._eof = b"", False
+        self._buffer, self._eof, self._ready = b"", False, False
         self.restarts = 0
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Starts the process without waiting for it: its imports (torch's take seconds) run while
+        the caller gets on with its own work; the first request waits for it to be ready."""
+        if self.proc is None:
+            self._spawn()
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"=== worker {self.name} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
@@ -58,18 +64,22 @@ class WorkerProcess:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True,  # its own group: a timeout kills compiler children too
             )
-        self._buffer, self._eof = b"", False
-        ready = self._read_line(STARTUP_TIMEOUT_S)
-        if ready is None:
+        self._buffer, self._eof, self._ready = b"", False, False
+
+    def _await_ready(self) -> None:
+        if self._read_line(STARTUP_TIMEOUT_S) is None:
             code = self._kill()
             raise WorkerStartError(f"worker {self.name} did not start (exit code {code}); "
                                    f"its log {self.log_path} ends with: {self.log_tail()}")
+        self._ready = True
 
     def request(self, message: dict, timeout: float) -> dict:
         """The worker's answer; a hang or a crash becomes an answer too, and the
         next request starts a fresh worker."""
         if self.proc is None:
-            self._start()
+            self._spawn()
+        if not self._ready:
+            self._await_ready()
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())
@@ -151,13 +161,23 @@ class WorkerProcess:
         kept = [t.strip() for t in text.splitlines() if t.strip() and not t.startswith("=== worker")]
         return " | ".join(kept[-lines:])
 
-    def close(self) -> None:
-        if self.proc is None:
+    def ask_to_exit(self) -> None:
+        """Tells the process to exit, without waiting: a pool's processes then end side by side (each
+        takes a second or so to release its CUDA context)."""
+        if self.proc is None or self.proc.stdin.closed:
             return
         try:
             self.proc.stdin.write(b'{"cmd": "exit"}\n')
-            self.proc.stdin.flush()
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        self.ask_to_exit()
+        try:
             self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             pass
         self._kill()

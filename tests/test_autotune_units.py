@@ -669,3 +669,42 @@ def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
     release.set()
     first.join(10)
     assert not first.is_alive() and written == [lane] and lane.finished
+
+
+def test_pools_tell_every_worker_to_exit_before_waiting_for_any():
+    """Each worker takes a second or so to release its CUDA context: ended one after another, a
+    search's fifteen took seconds after its last trial."""
+    from types import SimpleNamespace
+
+    from autotune.evaluate import close_pools
+
+    events = []
+
+    class Worker:
+        def __init__(self, name):
+            self.name = name
+
+        def ask_to_exit(self):
+            events.append(("ask", self.name))
+
+        def close(self):
+            events.append(("wait", self.name))
+
+    pools = [SimpleNamespace(workers=[(Worker(f"{p}{i}"), None) for i in range(n)]) for p, n in (("t", 1), ("c", 3))]
+    close_pools(*pools)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["ask"] * 4 + ["wait"] * 4 and {n for _, n in events} == {"t0", "c0", "c1", "c2"}
+
+
+def test_a_worker_started_ahead_answers_its_first_request_and_exits_when_asked(tmp_path):
+    from autotune.worker_pool import WorkerProcess, worker_env
+
+    worker = WorkerProcess("early", worker_env(None, interpret=True), tmp_path / "early.log")
+    worker.start()  # returns at once; the process imports torch meanwhile
+    proc = worker.proc
+    answer = worker.request({"cmd": "measure"}, timeout=120)  # the ready line is awaited first
+    assert answer == {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
+    worker.ask_to_exit()
+    worker.ask_to_exit()  # a second ask is a no-op, not an error
+    worker.close()
+    assert proc.returncode == 0 and worker.proc is None  # it exited on its own, not killed

@@ -36,9 +36,11 @@ def refused(capsys, argv: list[str], *words: str) -> str:
 
 
 def pool(monkeypatch, answer) -> None:
-    """Every evaluation answered by `answer(call, backend, config)`, in this process."""
+    """Every evaluation answered by `answer(call, backend, config)`, in this process (so no worker
+    process is started ahead either)."""
     monkeypatch.setattr(Evaluator, "evaluate",
                         lambda self, index, call, backend, config, seed: answer(call, backend, config))
+    monkeypatch.setattr(Evaluator, "start", lambda self: None)
 
 
 FAKE_DEFAULT = {"BLOCK_M": 16, "BLOCK_N": 16, "SPLIT": 1}  # the fake matmul's default config
@@ -327,3 +329,39 @@ def test_a_bar_is_drawn_on_a_terminal_only(monkeypatch):
         bar.update(2)
         bar.close()
         assert ("\r" in stream.getvalue() and "2/3" in stream.getvalue()) == drawn, stream.getvalue()
+
+
+def test_the_gpu_times_its_next_config_while_a_study_is_told_the_last(tmp_path, monkeypatch, rand):
+    """A tell is a few storage round trips: the timing process goes on meanwhile with a config
+    compiled ahead (Search._tell_loop), and every outcome is still told, each study's budget exactly."""
+    import time
+
+    from autotune.evaluate import CompilePool
+    from autotune.studies import StudyRunner
+
+    ok, spans = timed(rand), {"timing": [], "tell": []}
+
+    def answer(call, backend, config):
+        start = time.monotonic()
+        time.sleep(0.02)
+        spans["timing"].append((start, time.monotonic()))
+        return ok(call, backend, config)
+
+    finish = StudyRunner._finish
+
+    def slow_tell(self, trial, config, result):  # under the storage's lock, as its round trips are
+        start = time.monotonic()
+        time.sleep(0.1)
+        row = finish(self, trial, config, result)
+        if result["status"] != "invalid":
+            spans["tell"].append((start, time.monotonic()))
+        return row
+
+    pool(monkeypatch, answer)
+    monkeypatch.setattr(CompilePool, "start", lambda self: None)
+    monkeypatch.setattr(CompilePool, "build", lambda self, index, call, backend, config, seed: {"ok": True})
+    monkeypatch.setattr(StudyRunner, "_finish", slow_tell)
+    assert run(tmp_path, *FAKE_MATMUL, "--shapes", "16x8x24,8x40x16", "--trials", "5", "--workers", "2") == 0
+    assert len(spans["tell"]) == 10
+    # Of 14 timings (10 trials, 4 baselines), 8 to 10 overlapped a tell on 2 busy cores; none do told in line.
+    assert sum(any(t0 < e and s < t1 for t0, t1 in spans["tell"]) for s, e in spans["timing"]) >= 5
