@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from autotune.worker_pool import WorkerProcess, visible_gpus, worker_env
@@ -85,16 +86,29 @@ class Evaluator(_Pool):
         super().__init__(target, workers or None, timeout, log_dir, "")
         self.gpu_locks = {g: threading.Lock() for g in self.gpus}
         self.bench = bench or (CPU_BENCH if target == "cpu" else GPU_BENCH)
+        # Where the timing processes' time goes, over the pool's life: loading a config (fresh inputs, its
+        # kernels from the disk caches, a first call) and measuring it (the check, then the timing).
+        self.evaluations, self.load_s, self.measure_s = 0, 0.0, 0.0
+        self._stats = threading.Lock()
 
     def evaluate(self, index: int, call: Call, backend: str, config: dict | None, seed: int) -> dict:
         """Outcome of `config` on worker `index`: status, error, times, compile figures, gpu."""
         worker, gpu = self.workers[index]
         base = request(call, backend, self.device)
+        worker.wait_ready()  # a process's start (after a crash too) is no part of a measurement's time
+        start = time.perf_counter()
         prepared = worker.request({"cmd": "prepare", **base, "config": config, "seed": seed}, self.timeout)
+        loaded = time.perf_counter() - start
         if not prepared.get("ok"):
             return {**prepared, "gpu": gpu}
         with self.gpu_locks[gpu]:
+            start = time.perf_counter()
             measured = worker.request({"cmd": "measure", **self.bench}, self.timeout)
+            measuring = time.perf_counter() - start
+        with self._stats:
+            self.evaluations += 1
+            self.load_s += loaded
+            self.measure_s += measuring
         keep = {k: prepared.get(k) for k in ("compile_s", "registers", "smem_bytes", "spill_bytes")}
         status = {"status": "ok"} if measured.get("ok") else {}
         return {**keep, **measured, **status, "gpu": gpu}

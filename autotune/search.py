@@ -262,6 +262,11 @@ def print_summary(search: Search, interrupted: bool) -> None:
     print(f"Tuning took {search.seconds:.1f} s: {measured / search.seconds if search.seconds else 0:.2f} trials a "
           f"second ({compilers}, {len(search.pool)} timing process{'es' if len(search.pool) > 1 else ''}, "
           f"{host_cores()} cores).")
+    if search.pool.evaluations:
+        n = search.pool.evaluations
+        print(f"A measurement took {1e3 * (search.pool.load_s + search.pool.measure_s) / n:.0f} ms of a timing "
+              f"process: {1e3 * search.pool.load_s / n:.0f} ms loading the config (fresh inputs, its kernels from "
+              f"the disk caches, a first call), {1e3 * search.pool.measure_s / n:.0f} ms checking and timing it.")
     for line in search.plan.skipped:
         print(f"skipped {line}")
     for why in search.retired.values():
@@ -276,17 +281,22 @@ def print_summary(search: Search, interrupted: bool) -> None:
 SUMMARY_RATE = re.compile(r"Tuning took ([\d.]+) s: ([\d.]+) trials a second \((?:no compile pool|(\d+) compile "
                           r"processes), (\d+) timing process(?:es)?, (\d+) cores\)")
 SUMMARY_TRIALS = re.compile(r"This run: (\d+) trials measured")
+SUMMARY_LANE = re.compile(r"A measurement took \d+ ms of a timing process: (\d+) ms loading .*?, (\d+) ms checking")
 
 
 def summary_figures(output: str) -> dict:
     """The figures print_summary gave of the last search in `output`: trials, tuning_s,
-    trials_per_s, workers (compile processes), timing_processes, cores."""
+    trials_per_s, workers (compile processes), timing_processes, cores, and the timing processes' ms
+    a measurement loading and measuring (load_ms, measure_ms; None where nothing was measured)."""
     rate, measured = SUMMARY_RATE.findall(output), SUMMARY_TRIALS.findall(output)
     if not rate or not measured:
         raise ValueError("no tuner summary in the output")
     seconds, per_s, workers, timing, cores = rate[-1]
+    lane = SUMMARY_LANE.findall(output)
+    load_ms, measure_ms = (int(v) for v in lane[-1]) if lane else (None, None)
     return {"trials": int(measured[-1]), "tuning_s": float(seconds), "trials_per_s": float(per_s),
-            "workers": int(workers or 0), "timing_processes": int(timing), "cores": int(cores)}
+            "workers": int(workers or 0), "timing_processes": int(timing), "cores": int(cores),
+            "load_ms": load_ms, "measure_ms": measure_ms}
 
 
 def main(argv=None) -> int:

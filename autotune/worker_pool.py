@@ -73,13 +73,17 @@ class WorkerProcess:
                                    f"its log {self.log_path} ends with: {self.log_tail()}")
         self._ready = True
 
-    def request(self, message: dict, timeout: float) -> dict:
-        """The worker's answer; a hang or a crash becomes an answer too, and the
-        next request starts a fresh worker."""
+    def wait_ready(self) -> None:
+        """Returns once the process (started now if it is not running) takes requests."""
         if self.proc is None:
             self._spawn()
         if not self._ready:
             self._await_ready()
+
+    def request(self, message: dict, timeout: float) -> dict:
+        """The worker's answer; a hang or a crash becomes an answer too, and the
+        next request starts a fresh worker."""
+        self.wait_ready()
         assert self.proc is not None and self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())

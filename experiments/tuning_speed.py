@@ -21,7 +21,8 @@ search should pick configs as good as a serial one's.
 
 -> experiments/results/<gpu>/tuning_speed.csv, a row per run (run again, it is replaced): the
    command, cache, wall_s, and the tuner's own summary: trials, tuning_s, trials_per_s, workers
-   (compile processes), cores; tuning_winners.csv, a row per study. Logs and working folders
+   (compile processes), cores, and the timing process's ms a measurement loading the config and
+   checking and timing it (load_ms, measure_ms); tuning_winners.csv, a row per study. Logs and working folders
    under --work.
 """
 from __future__ import annotations

@@ -289,6 +289,9 @@ def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_wi
     assert figures["trials"] == 6 and figures["workers"] == 2 and figures["timing_processes"] == 1
     assert figures["cores"] == host_cores() and figures["trials_per_s"] == pytest.approx(6 / figures["tuning_s"],
                                                                                          rel=0.05, abs=0.01)
+    # The timing process's time a measurement: each of 6 trials and 4 baselines a process round trip or two.
+    assert figures["load_ms"] >= 0 and figures["measure_ms"] >= 0 and figures["load_ms"] + figures["measure_ms"] >= 1
+    assert figures["load_ms"] + figures["measure_ms"] <= 1e3 * figures["tuning_s"] / 6
     rows = pd.read_csv(tmp_path / "cpu" / "trials.csv")
     won = tuning_speed.study_winners(tmp_path / "cpu" / "trials.csv")
     assert list(won.index) == sorted(rows.study.unique())
