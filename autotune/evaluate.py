@@ -105,10 +105,11 @@ class Evaluator(_Pool):
             start = time.perf_counter()
             measured = worker.request({"cmd": "measure", **self.bench}, self.timeout)
             measuring = time.perf_counter() - start
-        with self._stats:
-            self.evaluations += 1
-            self.load_s += loaded
-            self.measure_s += measuring
+        if measured.get("status") not in ("timeout", "launch_error"):  # a hang's or a crash's wait is no measurement
+            with self._stats:
+                self.evaluations += 1
+                self.load_s += loaded
+                self.measure_s += measuring
         keep = {k: prepared.get(k) for k in ("compile_s", "registers", "smem_bytes", "spill_bytes")}
         status = {"status": "ok"} if measured.get("ok") else {}
         return {**keep, **measured, **status, "gpu": gpu}

@@ -98,6 +98,7 @@ class Search:
         self.queue: list[Timing] = []  # measurements waiting for a GPU
         self.told: list[tuple[Lane, Candidate, dict]] = []  # trials timed, outcome not yet told to their study
         self.timing_loops = 0  # timing threads running
+        self.closing = False  # the run is ending: the teller stops taking outcomes
         self.ahead = AHEAD_PER_GPU * len(self.pool)
         self.torch_times: dict[Call, dict | list] = {}  # the torch baseline of a call: its result, or the lanes awaiting it
         self.summary: list[dict] = []
@@ -476,12 +477,14 @@ class Search:
         """Tells each study the outcomes the timing processes measured, in their order, while the GPUs
         go on to their next measurements: a tell is a few storage round trips, each as long as timing
         a small kernel, and the GPU would otherwise wait through them. Ends once every timing thread
-        has ended and every outcome is told (so also after a stop: a measured outcome is kept)."""
+        has ended and every outcome is told (so also after a stop: a measured outcome is kept), or when
+        the run ends first (a second Ctrl-C): what it has not taken then is abandoned, and redone by the
+        next run."""
         while True:
             with self.cond:
-                while not self.told and self.timing_loops:
+                while not self.told and self.timing_loops and not self.closing:
                     self.cond.wait(WAIT_S)
-                if not self.told:
+                if not self.told or self.closing:
                     return
                 lane, candidate, result = self.told.pop(0)
             self._tell(lane, candidate, result)
@@ -590,12 +593,17 @@ class Search:
         self.summary.append(summary)
 
     def _judge_studies_told_in_full(self) -> None:
-        """After a stop, with every thread ended: a study whose whole budget was told (the teller tells
-        the last outcomes after the stop too) is judged now, as the search would have judged it."""
-        for lane in self.lanes:
-            if not lane.finished and lane.baselines_stored and not lane.in_flight and not lane.runner.left():
-                lane.asks_over = lane.finished = True
-                self._write_best(lane)
+        """After a stop, with the teller ended: a study whose whole budget was told (the teller tells the
+        last outcomes after the stop too) is judged now, as the search would have judged it. A failure
+        here is reported, not raised: the stop's own cause is what the run ends with."""
+        try:
+            for lane in self.lanes:
+                if not lane.finished and lane.baselines_stored and not lane.in_flight and not lane.runner.left():
+                    lane.asks_over = lane.finished = True
+                    self._write_best(lane)
+        except Exception as exc:  # noqa: BLE001 - the storage or best.json failing as the search stops
+            tqdm.write(f"{console.PREFIX}: a study told in full could not be judged ({exc}); the next run "
+                       "judges it", file=sys.stderr)
 
     def _incumbent_name(self) -> str:
         return "the shipped store's" if self.incumbents.kind == "shipped" else "best.json's"
@@ -606,9 +614,9 @@ class Search:
     # -- the whole run ---------------------------------------------------------------
     def run(self) -> bool:
         """Every study of the plan; True when a Ctrl-C ended them (its trials in flight dropped)."""
-        self.pool.start()  # the workers import torch while the studies open
-        self.compilers.start()
         try:
+            self.pool.start()  # the workers import torch while the studies open
+            self.compilers.start()
             self.lanes = [self.open(order, job) for order, job in enumerate(self.plan.jobs)]
         except BaseException:
             close_pools(self.pool, self.compilers)
@@ -618,10 +626,11 @@ class Search:
                    for i in range(len(self.compilers))]
         threads += [threading.Thread(target=self._guarded, args=(self._time_loop, i), daemon=True)
                     for i in range(len(self.pool))]
-        threads.append(threading.Thread(target=self._guarded, args=(self._tell_loop, 0), daemon=True))
+        teller = threading.Thread(target=self._guarded, args=(self._tell_loop, 0), daemon=True)
+        threads.append(teller)
         self.timing_loops = len(self.pool)
         self.started = time.monotonic()
-        interrupted = False
+        interrupted = stopped = False
         try:
             for lane in self.lanes:
                 if not lane.left:  # finished in an earlier run: its entry is judged on what it recorded
@@ -641,19 +650,24 @@ class Search:
                     for t in threads:
                         t.join(30)
             if self.crashed:
-                if isinstance(self.crashed[0], SearchStopped):
-                    self._judge_studies_told_in_full()
+                stopped = isinstance(self.crashed[0], SearchStopped)
                 raise self.crashed[0]  # the search stops: a bug, or no worker left
         except KeyboardInterrupt:
             interrupted = True
-            self._judge_studies_told_in_full()
         finally:
             self.seconds = time.monotonic() - self.started
             with self.cond:
+                self.closing = True  # the teller takes no more outcomes: those it has not taken are abandoned
                 untimed = [(task.lane, task.candidate) for task in self.queue if task.candidate is not None]
-                untold = [(lane, candidate) for lane, candidate, _ in self.told]  # the teller crashed
+                untold = [(lane, candidate) for lane, candidate, _ in self.told]
+                self.told.clear()
+                self.cond.notify_all()
+            if teller.is_alive():
+                teller.join()  # its tell under way ends before the storage and the CSV close
             for lane, candidate in untimed + untold:  # a later run measures them
                 lane.runner.abandon(candidate)
+            if interrupted or stopped:
+                self._judge_studies_told_in_full()
             self.bar.close()
             close_pools(self.pool, self.compilers)
             self.heartbeat.stop()

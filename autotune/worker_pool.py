@@ -179,6 +179,9 @@ class WorkerProcess:
     def close(self) -> None:
         if self.proc is None:
             return
+        if not self._ready:  # started ahead and never used: no need to wait for its imports
+            self._kill()
+            return
         self.ask_to_exit()
         try:
             self.proc.wait(timeout=10)

@@ -708,3 +708,17 @@ def test_a_worker_started_ahead_answers_its_first_request_and_exits_when_asked(t
     worker.ask_to_exit()  # a second ask is a no-op, not an error
     worker.close()
     assert proc.returncode == 0 and worker.proc is None  # it exited on its own, not killed
+
+
+def test_a_worker_started_ahead_and_never_used_is_ended_without_waiting_for_its_imports(tmp_path):
+    """A search with nothing left to do still starts its workers ahead; closing one that never
+    became ready kills it rather than waiting for torch's import to finish first."""
+    import signal
+
+    from autotune.worker_pool import WorkerProcess, worker_env
+
+    worker = WorkerProcess("unused", worker_env(None, interpret=True), tmp_path / "unused.log")
+    worker.start()
+    proc = worker.proc
+    worker.close()
+    assert proc.returncode == -signal.SIGKILL and worker.proc is None

@@ -365,3 +365,35 @@ def test_the_gpu_times_its_next_config_while_a_study_is_told_the_last(tmp_path, 
     assert len(spans["tell"]) == 10
     # Of 14 timings (10 trials, 4 baselines), 8 to 10 overlapped a tell on 2 busy cores; none do told in line.
     assert sum(any(t0 < e and s < t1 for t0, t1 in spans["tell"]) for s, e in spans["timing"]) >= 5
+
+
+@pytest.mark.parametrize("store_fails", [False, True])
+def test_a_study_told_in_full_as_the_gpu_is_lost_is_judged_and_the_loss_stays_the_error(tmp_path, monkeypatch,
+                                                                                         capsys, store_fails):
+    """The third and last trial loses the GPU: the search stops (no worker left), its study has its
+    budget told, and is judged in that run; if that judging fails, the lost GPU is still what the
+    run ends with."""
+    from autotune import tuning
+
+    timed_trials = []
+
+    def answer(call, backend, config):
+        if backend == "torch" or config == FAKE_DEFAULT:
+            return {"status": "ok", "time_ms": 2.0, "gpu": None}
+        timed_trials.append(config)
+        if len(timed_trials) == 3:
+            return {"ok": False, "status": "launch_error", "error": "gpu gone", "gpu": "0"}
+        return {"status": "ok", "time_ms": 0.5 + len(timed_trials) / 10, "gpu": None}
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device", "best.json")
+
+    pool(monkeypatch, answer)
+    if store_fails:
+        monkeypatch.setattr(tuning, "merge_into_store", no_space)
+    assert run(tmp_path, *FAKE_MATMUL, "--shapes", "16x8x24", "--trials", "3", "--workers", "0",
+               "--max-failures-in-a-row", "1") == 1
+    err = capsys.readouterr().err
+    assert "no worker left to run trials" in err and "gpu gone" in err
+    assert (tmp_path / "out" / "cpu" / "best.json").exists() != store_fails
+    assert ("could not be judged" in err) == store_fails
