@@ -20,6 +20,9 @@ from kernels_core.mlp import Call
 
 CPU_BENCH = {"reps": 5, "max_seconds": 0.2}  # interpreter runs: the numbers only need to exist
 GPU_BENCH = {"reps": 100, "max_seconds": 2.0}
+# A worker's crash, hang or failure to launch: counted against the worker, in a row
+# (--max-failures-in-a-row), since a lost GPU fails every config the same way.
+WORKER_FAILURES = ("launch_error", "timeout")
 
 
 def host_cores() -> int:
@@ -105,7 +108,7 @@ class Evaluator(_Pool):
             start = time.perf_counter()
             measured = worker.request({"cmd": "measure", **self.bench}, self.timeout)
             measuring = time.perf_counter() - start
-        if measured.get("status") not in ("timeout", "launch_error"):  # a hang's or a crash's wait is no measurement
+        if measured.get("status") not in WORKER_FAILURES:  # a hang's or a crash's wait is no measurement
             with self._stats:
                 self.evaluations += 1
                 self.load_s += loaded

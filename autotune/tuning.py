@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from autotune import console
 from autotune.errors import SearchError, SearchStopped
-from autotune.evaluate import CompilePool, Evaluator, close_pools, default_compilers
+from autotune.evaluate import WORKER_FAILURES, CompilePool, Evaluator, close_pools, default_compilers
 from autotune.plan import Job, Plan
 from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
 from autotune.storage import (Heartbeat, counts_toward_budget, measured_elsewhere, open_storage, owner_dead,
@@ -57,9 +57,6 @@ AHEAD_PER_GPU = 4
 # at most this many (each holds torch, a CUDA context and its compiler's memory).
 DEFAULT_MAX_COMPILERS = 16
 
-# A worker's crash, hang or failure to launch: counted against the worker, in a row
-# (--max-failures-in-a-row), since a lost GPU fails every config the same way.
-WORKER_FAILURES = ("launch_error", "timeout")
 
 
 def _fmt_config(config: dict | None) -> str:

@@ -75,8 +75,7 @@ class WorkerProcess:
 
     def wait_ready(self) -> None:
         """Returns once the process (started now if it is not running) takes requests."""
-        if self.proc is None:
-            self._spawn()
+        self.start()
         if not self._ready:
             self._await_ready()
 
