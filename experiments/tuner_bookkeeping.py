@@ -3,9 +3,9 @@
     python -m experiments.tuner_bookkeeping [--trials 12] [--rounds 3]
 
 `make run`'s tuning plan (both twins, --workload mnist-mlp, sm_90's spaces), every config
-answered at once with a random time: each study opened and driven as the search drives it
-(Search.open's sampler and StudyRunner: ask, suggest, the rules, the claim, the tell), on a new
-SQLite storage as the search's default. What is left is the search process's own cost per
+answered at once with a random time: each study opened by the search's own Search.open and
+driven through its StudyRunner (ask, suggest, the rules, the claim and its heartbeat, the tell and
+its trials.csv row), on a new SQLite storage as the search's default. What is left is the search process's own cost per
 trial: the sampler, and the storage's round trips. The GPU's timing process waited through the
 tell while the search told each outcome in line with the timing (autotune.tuning: now a thread
 of its own tells).
@@ -16,11 +16,13 @@ of its own tells).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pandas as pd
@@ -28,42 +30,46 @@ import pandas as pd
 from autotune import search
 from autotune.evaluate import host_cores
 from autotune.plan import build_plan
-from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
-from autotune.storage import open_storage
-from autotune.studies import StudyRunner, study_name
+from autotune.tuning import Search
 from experiments.paths import results_dir
-from kernels_core.contract import DTYPES
 from kernels_core.provenance import provenance
 
 
-def one_round(plan, sampler: str, trials: int, seed: int, storage_url: str) -> dict:
-    storage = open_storage(storage_url)
-    target, rand = plan.target, random.Random(seed)
+def one_round(trials: int, seed: int, work: Path) -> dict:
+    """make run's studies opened and run to their budget by the search's own code (Search.open, its
+    StudyRunner, heartbeat and trials.csv), no worker started: every config answered at once."""
+    args = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(trials),
+                              "--seed", str(seed), "--out", str(work), "--storage", f"sqlite:///{work / 'tuning.db'}"])
+    # sm_90's spaces, planned as a compile-only run plans them: this needs no GPU, and times nothing.
+    args.target, args.compile_only = "sm_90", True
+    # The search's worker pools are made, never started; naming their processes needs a GPU id.
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    tuner = Search(build_plan(args), args, trials)
+    tuner.bar = SimpleNamespace(update=lambda n: None)  # record() moves a progress bar: none to show here
+    rand = random.Random(seed)
     opened = asked = told = 0.0
     n = 0
-    for job in plan.jobs:
-        start = time.perf_counter()
-        elt = DTYPES[job.call.dtype].itemsize
-        view = view_space(job.space, target, elt, False)
-        study = optuna.create_study(
-            study_name=study_name("", target.name, job.call.op, job.backend, job.call.dtype, job.call.study_key),
-            storage=storage, direction="minimize", load_if_exists=True,
-            sampler=make_sampler(sampler, seed, view.values, parallel=True, valid=view.valid))
-        runner = StudyRunner(study, view, trials, lambda c, space=job.space: target.target_violation(space, c, elt),
-                             make_row=lambda config, result, number: {}, ordinal=sampler in ORDINAL_SAMPLERS)
-        opened += time.perf_counter() - start
-        while True:
+    try:
+        for order, job in enumerate(tuner.plan.jobs):
             start = time.perf_counter()
-            candidate = runner.poll()
-            asked += time.perf_counter() - start
-            if candidate is None:
-                break
-            start = time.perf_counter()
-            runner.complete(candidate, {"status": "ok", "time_ms": rand.random()})
-            told += time.perf_counter() - start
-            n += 1
-    return {"open_s": round(opened, 2), "trials": n, "ask_ms": round(1e3 * asked / n, 1),
-            "tell_ms": round(1e3 * told / n, 1), "per_trial_ms": round(1e3 * (asked + told) / n, 1)}
+            runner = tuner.open(order, job).runner
+            opened += time.perf_counter() - start
+            while True:
+                start = time.perf_counter()
+                candidate = runner.poll()
+                asked += time.perf_counter() - start
+                if candidate is None:
+                    break
+                start = time.perf_counter()
+                runner.complete(candidate, {"status": "ok", "time_ms": rand.random()})
+                told += time.perf_counter() - start
+                n += 1
+    finally:
+        tuner.heartbeat.stop()
+        tuner.csv.close()
+    return {"sampler": args.sampler, "studies": len(tuner.plan.jobs), "open_s": round(opened, 2), "trials": n,
+            "ask_ms": round(1e3 * asked / n, 1), "tell_ms": round(1e3 * told / n, 1),
+            "per_trial_ms": round(1e3 * (asked + told) / n, 1)}
 
 
 def main(argv=None) -> int:
@@ -73,19 +79,13 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds, each on a new storage (default 3)")
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tuning = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(args.trials)])
-    # sm_90's spaces, planned as a compile-only run plans them: this needs no GPU, and times nothing.
-    tuning.target, tuning.compile_only = "sm_90", True
-    plan = build_plan(tuning)
-    sampler = tuning.sampler or search.SEARCH_ONLY["sampler"]
     rows, prov = [], provenance()
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
-            row = one_round(plan, sampler, args.trials, r, f"sqlite:///{Path(tmp) / 'tuning.db'}")
-        rows.append({**prov, "round": r, "studies": len(plan.jobs), "sampler": sampler, "storage": "sqlite",
-                     "cores": host_cores(), **row})
+            row = one_round(args.trials, r, Path(tmp))
+        rows.append({**prov, "round": r, "storage": "sqlite", "cores": host_cores(), **row})
         print(f"round {r}: {row['trials']} trials, {row['per_trial_ms']} ms a trial (ask {row['ask_ms']}, tell "
-              f"{row['tell_ms']}); {row['open_s']} s to open {len(plan.jobs)} studies", flush=True)
+              f"{row['tell_ms']}); {row['open_s']} s to open {row['studies']} studies", flush=True)
     out = results_dir() / "tuner_bookkeeping.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)

@@ -330,3 +330,16 @@ def test_tuning_speed_names_a_run_it_does_not_know_and_needs_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert tuning_speed.main(["--runs", "make-run-cold"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # make run's 34 studies opened and run (one trial each) by the search's own code
+def test_tuner_bookkeeping_runs_make_runs_studies_through_the_searchs_own_code(tmp_path, monkeypatch):
+    from experiments import tuner_bookkeeping
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the pool's never-started workers need a GPU id here
+    row = tuner_bookkeeping.one_round(1, 0, tmp_path)
+    assert row["studies"] == 34 and row["trials"] == 34 and row["sampler"] == "tpe-valid"
+    assert row["ask_ms"] > 0 and row["tell_ms"] > 0 and row["per_trial_ms"] == pytest.approx(
+        row["ask_ms"] + row["tell_ms"], abs=0.11)
+    rows = pd.read_csv(tmp_path / "sm_90" / "trials.csv")
+    assert len(rows) == 34 and rows.study.nunique() == 34 and set(rows.status) == {"ok"}
