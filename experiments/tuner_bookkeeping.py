@@ -1,6 +1,6 @@
-"""What the tuner's own process spends on a trial: its studies' bookkeeping (no GPU needed).
+"""What the tuner's own process spends on a trial, and how fast it can feed a GPU (no GPU needed).
 
-    python -m experiments.tuner_bookkeeping [--trials 12] [--rounds 3]
+    python -m experiments.tuner_bookkeeping [--trials 12] [--rounds 3] [--measure-ms 30] [--compile-ms 500] [--workers 14]
 
 `make run`'s tuning plan (both twins, --workload mnist-mlp, sm_90's spaces), every config
 answered at once with a random time: each study opened by the search's own Search.open and
@@ -10,8 +10,17 @@ trial: the sampler, and the storage's round trips. The GPU's timing process wait
 tell while the search told each outcome in line with the timing (autotune.tuning: now a thread
 of its own tells).
 
--> experiments/results/<device>/tuner_bookkeeping.csv: a row per round: seconds to open the
-   studies, trials, and per trial the ask (sampler and claim) and the tell, in ms.
+Then the whole pipeline (`pipeline` rows): the same studies through Search.run itself, its compile
+threads, timing thread and teller, with each worker process replaced by a wait: a compile about
+--compile-ms (half to one and a half times it) on each of --workers, a measurement --measure-ms (the H200's timing
+process spent 30 ms a measurement in `make run`, tuning_speed.csv's load_ms + measure_ms). The
+rate it reaches is the most this host's search process lets one GPU time; the timing process's
+busy share says how much of the run the GPU's lane waited for it.
+
+-> experiments/results/<device>/tuner_bookkeeping.csv: a row per round and kind: seconds to open
+   the studies, trials, and per trial the ask (sampler and claim) and the tell, in ms (`direct`);
+   trials a second, the search process's CPU ms a trial, the timing lane's busy share and the asks
+   answered WAIT (`pipeline`).
 """
 from __future__ import annotations
 
@@ -72,20 +81,93 @@ def one_round(trials: int, seed: int, work: Path) -> dict:
             "per_trial_ms": round(1e3 * (asked + told) / n, 1)}
 
 
+class _Waits:
+    """Stands in for a pool of worker processes: each request is a wait, so what is measured is the
+    search process around them."""
+
+    workers = ()  # no process to end (close_pools)
+
+    def __init__(self, size: int, seconds: float, rand: random.Random):
+        self.size, self.seconds, self.rand, self.busy = size, seconds, rand, 0.0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def start(self) -> None:
+        pass
+
+    interrupt = start
+
+    def evaluate(self, index, call, backend, config, seed) -> dict:
+        time.sleep(self.seconds)
+        self.busy += self.seconds
+        return {"status": "ok", "time_ms": self.rand.random(), "gpu": "0"}
+
+    def build(self, index, call, backend, config, seed) -> dict:
+        time.sleep(self.seconds * (0.5 + self.rand.random()))
+        return {"ok": True, "compile_s": self.seconds, "gpu": "0"}
+
+
+def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compile_ms: float, workers: int) -> dict:
+    """make run's studies through Search.run, with one GPU's timing process and `workers` compile
+    processes replaced by waits."""
+    from autotune.studies import WAIT, StudyRunner
+
+    args = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(trials),
+                              "--seed", str(seed), "--out", str(work), "--storage", f"sqlite:///{work / 'tuning.db'}",
+                              "--workers", str(workers)])
+    args.target, args.compile_only = "sm_90", True
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    rand = random.Random(seed)
+    tuner = Search(build_plan(args), args, trials)
+    tuner.pool, tuner.compilers = _Waits(1, measure_ms / 1e3, rand), _Waits(args.workers, compile_ms / 1e3, rand)
+    waits, poll = [0], StudyRunner.poll
+
+    def counted(runner):
+        answer = poll(runner)
+        waits[0] += answer is WAIT
+        return answer
+
+    StudyRunner.poll = counted
+    cpu = time.process_time()
+    try:
+        tuner.run()
+    finally:
+        StudyRunner.poll = poll
+    cpu = time.process_time() - cpu
+    n = sum(tuner.outcomes.values())
+    return {"studies": len(tuner.plan.jobs), "trials": n, "compile_processes": args.workers, "measure_ms": measure_ms,
+            "compile_ms": compile_ms, "tuning_s": round(tuner.seconds, 1), "trials_per_s": round(n / tuner.seconds, 2),
+            "cpu_ms_per_trial": round(1e3 * cpu / n, 1), "lane_busy": round(tuner.pool.busy / tuner.seconds, 2),
+            "asks_answered_wait": waits[0]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tuner_bookkeeping", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=12, help="measured configs a study (default 12, make run's)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, each on a new storage (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each kind, each on a new storage (default 3)")
+    p.add_argument("--measure-ms", type=float, default=30.0, help="a measurement's wait in the pipeline rounds "
+                   "(default 30, the H200's)")
+    p.add_argument("--compile-ms", type=float, default=500.0, help="a compile's mean wait (default 500)")
+    p.add_argument("--workers", type=int, default=14, help="compile processes in the pipeline rounds (default 14, "
+                   "what the search starts on the H200's 16 cores)")
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows, prov = [], provenance()
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             row = one_round(args.trials, r, Path(tmp))
-        rows.append({**prov, "round": r, "storage": "sqlite", "cores": host_cores(), **row})
+        rows.append({**prov, "kind": "direct", "round": r, "storage": "sqlite", "cores": host_cores(), **row})
         print(f"round {r}: {row['trials']} trials, {row['per_trial_ms']} ms a trial (ask {row['ask_ms']}, tell "
               f"{row['tell_ms']}); {row['open_s']} s to open {row['studies']} studies", flush=True)
+    for r in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            row = pipeline_round(args.trials, r, Path(tmp), args.measure_ms, args.compile_ms, args.workers)
+        rows.append({**prov, "kind": "pipeline", "round": r, "storage": "sqlite", "cores": host_cores(), **row})
+        print(f"pipeline round {r}: {row['trials_per_s']} trials a second, {row['cpu_ms_per_trial']} ms of the search "
+              f"process's CPU a trial, the timing lane busy {row['lane_busy']:.0%}, {row['asks_answered_wait']} asks "
+              "answered WAIT", flush=True)
     out = results_dir() / "tuner_bookkeeping.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)

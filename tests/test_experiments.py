@@ -343,3 +343,19 @@ def test_tuner_bookkeeping_runs_make_runs_studies_through_the_searchs_own_code(t
         row["ask_ms"] + row["tell_ms"], abs=0.11)
     rows = pd.read_csv(tmp_path / "sm_90" / "trials.csv")
     assert len(rows) == 34 and rows.study.nunique() == 34 and set(rows.status) == {"ok"}
+
+
+@pytest.mark.slow  # make run's 34 studies through the whole pipeline, one trial each
+def test_tuner_bookkeeping_runs_make_runs_studies_through_the_search_pipeline_with_waits_for_processes(
+        tmp_path, monkeypatch):
+    from experiments import tuner_bookkeeping
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    row = tuner_bookkeeping.pipeline_round(1, 0, tmp_path, measure_ms=5.0, compile_ms=5.0, workers=3)
+    assert row["studies"] == 34 and row["trials"] == 34 and row["compile_processes"] == 3
+    # Every trial and every baseline (default configs, incumbents, torch once per call) waited once.
+    timed = 34 + sum(1 for _ in pd.read_csv(tmp_path / "sm_90" / "trials.csv").itertuples())
+    assert 0 < row["lane_busy"] <= 1 and row["lane_busy"] * row["tuning_s"] >= timed * 0.005 * 0.9
+    assert row["trials_per_s"] == pytest.approx(34 / row["tuning_s"], rel=0.05)
+    rows = pd.read_csv(tmp_path / "sm_90" / "trials.csv")
+    assert len(rows) == 34 and rows.study.nunique() == 34 and set(rows.status) == {"ok"}
