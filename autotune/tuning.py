@@ -22,6 +22,7 @@ the serial baseline of the pipeline.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import threading
 import time
@@ -306,7 +307,11 @@ class Search:
             with self.cond:
                 lane.polling -= 1
                 if candidate is WAIT:
-                    lane.saturated_until = time.monotonic() + WAIT_S
+                    # While configs this run handed out are in flight, the study is asked again when
+                    # they end (_release), not every WAIT_S: each answer of WAIT costs the storage's
+                    # lock a read of the study and a search for dead processes. Claims of other
+                    # processes alone are looked at again on the clock.
+                    lane.saturated_until = math.inf if lane.in_flight else time.monotonic() + WAIT_S
                 elif candidate is None:
                     lane.asks_over = True
                 else:
@@ -382,17 +387,22 @@ class Search:
 
     def _tell(self, lane: Lane, candidate: Candidate, result: dict) -> None:
         lane.runner.complete(candidate, result)
-        self._release(lane)
+        self._release(lane, told=True)
 
     def _drop(self, lane: Lane, candidate: Candidate) -> None:
         lane.runner.abandon(candidate)
-        self._release(lane)
+        self._release(lane, told=False)
 
-    def _release(self, lane: Lane) -> None:
-        """A candidate of the lane told or given back: a slot of its budget may be free again."""
+    def _release(self, lane: Lane, told: bool) -> None:
+        """A candidate of the lane told (its outcome counts toward the budget) or given back (its
+        slot is free again)."""
         with self.cond:
             lane.in_flight -= 1
-            lane.saturated_until = 0.0
+            lane.told += told
+            # Asked now, a study whose every config left is in flight here would answer WAIT: it is
+            # asked again when the last of them ends (other processes only ever leave it less to do).
+            if not lane.in_flight or lane.in_flight < lane.left - lane.told:
+                lane.saturated_until = 0.0
             finished = self._finished(lane)
             self.cond.notify_all()
         if finished:
@@ -694,6 +704,7 @@ class Lane:
     saturated_until: float = 0.0  # the rest of its budget is in flight: not asked before this time
     polling: int = 0  # threads asking its runner for a config now
     in_flight: int = 0  # configs handed out, outcome not yet told
+    told: int = 0  # outcomes this run told it, each counting toward its budget
     finished: bool = False
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import threading
 import time
@@ -669,6 +670,31 @@ def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
     release.set()
     first.join(10)
     assert not first.is_alive() and written == [lane] and lane.finished
+
+
+def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_one_can_be_handed_out():
+    """Asked while every config it has left is in flight in this run, a study answers WAIT after a
+    read of its trials and a search for dead processes: near each study's end that was one wasted
+    ask per outcome told, under the lock the GPU's baselines wait for. An outcome told leaves it
+    unasked while the configs in flight still cover what is left; one given back (a free slot), or
+    the last one ending (the study may be done), opens it again."""
+    from autotune import tuning
+
+    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
+    search.stop, search.cond = threading.Event(), threading.Condition()
+    lane = tuning.Lane(0, None, "study", None, None, {}, left=5, start_measured=0, tried=[], activated=True,
+                       baselines_stored=True, in_flight=4, told=1, saturated_until=math.inf)
+    search._release(lane, told=True)  # 3 in flight, 3 left
+    assert (lane.in_flight, lane.told, lane.saturated_until) == (3, 2, math.inf)
+    search._release(lane, told=False)  # a slot back: 2 in flight, 3 left
+    assert (lane.in_flight, lane.told, lane.saturated_until) == (2, 2, 0.0)
+    lane.in_flight, lane.saturated_until = 3, math.inf  # the slot handed out again: 3 in flight, 3 left
+    search._release(lane, told=True)
+    search._release(lane, told=True)
+    assert (lane.in_flight, lane.saturated_until) == (1, math.inf)
+    search._release(lane, told=True)  # nothing in flight: asked again, to hear the budget is spent
+    assert (lane.in_flight, lane.told, lane.saturated_until) == (0, 5, 0.0)
+    assert not lane.finished  # finishing is the ask's to decide (asks_over), not the release's
 
 
 def test_pools_tell_every_worker_to_exit_before_waiting_for_any():
