@@ -109,7 +109,10 @@ class _ValidTPE(optuna.samplers.TPESampler):
     def sample_relative(self, study, trial, search_space):
         if self._valid is None or not search_space:
             return super().sample_relative(study, trial, search_space)
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        # Through the study's per-ask cache of its trials (a private method, as of Optuna 5.0), which
+        # TPE's own sample_relative then reads: one round trip to the storage an ask fewer.
+        trials = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING),
+                                   use_cache=True)
         self._free = self._valid - {self._point(t.params) for t in trials}
         if not self._free:  # the study ends on its own; any valid config is a repeat
             self._free = self._valid

@@ -626,6 +626,33 @@ def test_tpe_valid_measures_only_valid_new_configs_and_chooses_through_tpe(stora
     assert runner.ended == "all 66 valid configs measured" and scored
 
 
+def test_tpe_valid_reads_the_study_once_an_ask_with_tpe(storage_url):
+    """tpe-valid's look at the configs taken and TPE's look at the history are one read of the study's
+    trials (Optuna's per-ask cache, a private method: if a release renames it, this fails): every read
+    costs the search process a storage round trip, under the lock every ask and tell takes. The
+    StudyRunner reads the trials twice more an ask (before it, and for the claim), Optuna's ask once
+    (enqueued trials), and TPE's constant liar once, after its start."""
+    values = {"A": [1, 2, 3, 4, 5, 6], "B": [1, 2, 4, 8, 16], "C": [0, 1, 2]}
+    view = _view(values)
+    sampler = make_sampler("tpe-valid", 7, values, parallel=True, valid=view.valid)
+    study = optuna.create_study(storage=open_storage(storage_url), sampler=sampler)
+    runner = _runner(study, 30, values, ordinal=True)
+    storage = study._storage  # Optuna's cache in front of the database: what the study reads through
+    reads, read = [0], storage.get_all_trials
+
+    def counted(*args, **kwargs):
+        reads[0] += 1
+        return read(*args, **kwargs)
+
+    storage.get_all_trials = counted
+    for n in range(30):
+        before = reads[0]
+        candidate = runner.poll()
+        runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + n % 7})
+        # 3 around the ask, 1 for tpe-valid and TPE's start, and TPE's constant liar once it models
+        assert reads[0] - before == (4 if n < sampler._n_startup_trials else 5), n
+
+
 def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
     """A dropped trial measured nothing: the grid proposes its point next, then every other once."""
     sampler = make_sampler("grid", 0, {"B": [1, 2, 3, 4, 5]})
