@@ -1,6 +1,6 @@
 """What the tuner's own process spends on a trial, and how fast it can feed a GPU (no GPU needed).
 
-    python -m experiments.tuner_bookkeeping [--trials 12] [--rounds 3] [--measure-ms 30] [--compile-ms 500] [--workers 14]
+    python -m experiments.tuner_bookkeeping [--trials 12[,50]] [--rounds 3] [--measure-ms 30] [--compile-ms 500] [--workers 14]
 
 `make run`'s tuning plan (both twins, --workload mnist-mlp, sm_90's spaces), every config
 answered at once with a random time: each study opened by the search's own Search.open and
@@ -17,7 +17,7 @@ process spent 30 ms a measurement in `make run`, tuning_speed.csv's load_ms + me
 rate it reaches is the most this host's search process lets one GPU time; the timing process's
 busy share says how much of the run the GPU's lane waited for it.
 
--> experiments/results/<device>/tuner_bookkeeping.csv: a row per round and kind: seconds to open
+-> experiments/results/<device>/tuner_bookkeeping.csv: a row per budget, round and kind: seconds to open
    the studies, trials, and per trial the ask (sampler and claim) and the tell, in ms (`direct`);
    trials a second, the search process's CPU ms a trial, the timing lane's busy share and the asks
    answered WAIT (`pipeline`).
@@ -145,7 +145,8 @@ def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compil
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tuner_bookkeeping", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trials", type=int, default=12, help="measured configs a study (default 12, make run's)")
+    p.add_argument("--trials", default="12", help="measured configs a study, or a comma list of budgets each "
+                   "measured in turn (default 12, make run's; the workload search's is 50)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of each kind, each on a new storage (default 3)")
     p.add_argument("--measure-ms", type=float, default=30.0, help="a measurement's wait in the pipeline rounds "
                    "(default 30, the H200's)")
@@ -153,21 +154,31 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=14, help="compile processes in the pipeline rounds (default 14, "
                    "what the search starts on the H200's 16 cores)")
     args = p.parse_args(argv)
+    try:
+        budgets = [int(b) for b in args.trials.split(",")]
+    except ValueError:
+        p.error(f"--trials {args.trials}: expected whole numbers, e.g. 12 or 12,50")
+    if min(budgets) < 1:
+        p.error(f"--trials {args.trials}: a study measures at least 1 config")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows, prov = [], provenance()
-    for r in range(args.rounds):
-        with tempfile.TemporaryDirectory() as tmp:
-            row = one_round(args.trials, r, Path(tmp))
-        rows.append({**prov, "kind": "direct", "round": r, "storage": "sqlite", "cores": host_cores(), **row})
-        print(f"round {r}: {row['trials']} trials, {row['per_trial_ms']} ms a trial (ask {row['ask_ms']}, tell "
-              f"{row['tell_ms']}); {row['open_s']} s to open {row['studies']} studies", flush=True)
-    for r in range(args.rounds):
-        with tempfile.TemporaryDirectory() as tmp:
-            row = pipeline_round(args.trials, r, Path(tmp), args.measure_ms, args.compile_ms, args.workers)
-        rows.append({**prov, "kind": "pipeline", "round": r, "storage": "sqlite", "cores": host_cores(), **row})
-        print(f"pipeline round {r}: {row['trials_per_s']} trials a second, {row['cpu_ms_per_trial']} ms of the search "
-              f"process's CPU a trial, the timing lane busy {row['lane_busy']:.0%}, {row['asks_answered_wait']} asks "
-              "answered WAIT", flush=True)
+    for budget in budgets:
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                row = one_round(budget, r, Path(tmp))
+            rows.append({**prov, "kind": "direct", "budget": budget, "round": r, "storage": "sqlite",
+                         "cores": host_cores(), **row})
+            print(f"{budget} a study, round {r}: {row['trials']} trials, {row['per_trial_ms']} ms a trial (ask "
+                  f"{row['ask_ms']}, tell {row['tell_ms']}); {row['open_s']} s to open {row['studies']} studies",
+                  flush=True)
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                row = pipeline_round(budget, r, Path(tmp), args.measure_ms, args.compile_ms, args.workers)
+            rows.append({**prov, "kind": "pipeline", "budget": budget, "round": r, "storage": "sqlite",
+                         "cores": host_cores(), **row})
+            print(f"{budget} a study, pipeline round {r}: {row['trials_per_s']} trials a second, "
+                  f"{row['cpu_ms_per_trial']} ms of the search process's CPU a trial, the timing lane busy "
+                  f"{row['lane_busy']:.0%}, {row['asks_answered_wait']} asks answered WAIT", flush=True)
     out = results_dir() / "tuner_bookkeeping.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out, index=False)

@@ -345,6 +345,16 @@ def test_tuner_bookkeeping_runs_make_runs_studies_through_the_searchs_own_code(t
     assert len(rows) == 34 and rows.study.nunique() == 34 and set(rows.status) == {"ok"}
 
 
+@pytest.mark.parametrize("budgets, words", [("12,x", "expected whole numbers"), ("0", "at least 1 config")])
+def test_tuner_bookkeeping_refuses_budgets_it_cannot_run_in_one_line(capsys, budgets, words):
+    from experiments import tuner_bookkeeping
+
+    with pytest.raises(SystemExit) as info:
+        tuner_bookkeeping.main(["--trials", budgets])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and words in err[-1] and f"--trials {budgets}" in err[-1]
+
+
 @pytest.mark.slow  # make run's 34 studies through the whole pipeline, one trial each
 def test_tuner_bookkeeping_runs_make_runs_studies_through_the_search_pipeline_with_waits_for_processes(
         tmp_path, monkeypatch):
