@@ -256,7 +256,9 @@ class StudyRunner:
         # The measurement's own row, unchanged: its study, trial, time and commit say where it was made.
         self._tell(trial, previous.user_attrs["status"], previous.user_attrs["row"], previous.value, record=False)
 
-    def complete(self, candidate: Candidate, result: dict) -> dict:
+    def complete(self, candidate: Candidate, result: dict) -> bool:
+        """Tells the study a candidate's outcome; True when it counts toward the budget (not
+        `invalid`, and not failed meanwhile by another process that took this one for dead)."""
         with self.lock:
             return self._finish(candidate.trial, candidate.config, result)
 
@@ -270,12 +272,11 @@ class StudyRunner:
             self.heartbeat.discard(trial)
         self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
-    def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> dict:
+    def _finish(self, trial: optuna.Trial, config: dict, result: dict) -> bool:
         row = self.make_row(config, result, trial.number)
-        self._tell(trial, result["status"], row, result.get("time_ms"))
-        return row
+        return self._tell(trial, result["status"], row, result.get("time_ms")) and result["status"] != "invalid"
 
-    def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None, record: bool = True) -> None:
+    def _tell(self, trial: optuna.Trial, status: str, row: dict, value: float | None, record: bool = True) -> bool:
         # The outcome before the state, the state before the CSV: a kill in between leaves a
         # RUNNING trial that is reaped and redone, or a finished one whose row the next run
         # copies into the CSV (Search._copy_missing_rows), never a CSV row the study lacks.
@@ -292,9 +293,10 @@ class StudyRunner:
             # Another process took it for dead and failed it (its heartbeat went unrecorded
             # for the grace period): the outcome is lost and the config goes back to the sampler.
             print(f"autotune: trial {trial.number} was ended elsewhere; its result is dropped", file=sys.stderr)
-            return
+            return False
         if record:
             self.record(row)
+        return True
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:

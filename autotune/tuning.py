@@ -13,8 +13,9 @@ work, its inputs' random fill and a wrapper's allocations, still runs on its GPU
 trials are timed after its baselines, so every timed row carries the default's and torch's
 times; the torch baseline of a call is timed once for all the backends' studies of it. A thread
 of its own tells the studies the outcomes, so a GPU does not wait for the storage. How far ahead
-the compiles run is bounded (AHEAD_PER_GPU): a config asked for later is drawn by a sampler that
-knows more results.
+the compiles run is bounded (AHEAD_PER_GPU), and so are a study's configs in flight
+(IN_FLIGHT_PER_STUDY): a config asked for later is drawn by a sampler that knows more results,
+and the search process, which makes every ask, makes cheaper ones.
 
 With --workers 0 there is no compile pool: each timing process compiles its trials itself,
 the serial baseline of the pipeline.
@@ -54,6 +55,12 @@ from kernels_core.targets import local_gpu
 # Compiled configs waiting for each timing process, at most: enough that a GPU never waits for a
 # compile while configs are being compiled, few enough that a study's sampler is asked late.
 AHEAD_PER_GPU = 4
+# Configs of one study handed out and not yet told, at most: the compile processes then work on
+# several studies at once. Each ask reads back every trial of its study still running (Optuna
+# caches only finished ones), so a study with a whole pool's worth in flight made each ask cost
+# more: at 50 a study the search process spent 70 ms of CPU a trial (asks of 53 ms) against 47 with
+# this bound (experiments/FINDINGS.md, "Tuner pipeline: compile pool and timing process").
+IN_FLIGHT_PER_STUDY = 6
 # The default compile pool: the host's cores but one per timing process and one for the search,
 # at most this many (each holds torch, a CUDA context and its compiler's memory).
 DEFAULT_MAX_COMPILERS = 16
@@ -272,8 +279,8 @@ class Search:
                     return ("settle", lane)
             if lane.to_build:
                 return ("baseline", lane, *lane.to_build.pop(0))
-            if lane.saturated_until > now:
-                continue  # the rest of its budget is in flight: on to the next study
+            if lane.saturated_until > now or lane.in_flight + lane.polling >= IN_FLIGHT_PER_STUDY:
+                continue  # the rest of its budget, or as much of it as may be, is in flight: on to the next study
             if len(self.queue) >= self.ahead:
                 return ("wait",)
             lane.polling += 1
@@ -307,11 +314,12 @@ class Search:
             with self.cond:
                 lane.polling -= 1
                 if candidate is WAIT:
-                    # While configs this run handed out are in flight, the study is asked again when
-                    # they end (_release), not every WAIT_S: each answer of WAIT costs the storage's
-                    # lock a read of the study and a search for dead processes. Claims of other
-                    # processes alone are looked at again on the clock.
-                    lane.saturated_until = math.inf if lane.in_flight else time.monotonic() + WAIT_S
+                    # While this run's own configs in flight cover what the study has left, it is
+                    # asked again when they end (_release), not every WAIT_S: each answer of WAIT
+                    # costs the storage's lock a read of the study and a search for dead processes.
+                    # A WAIT that other processes' claims cause is looked at again on the clock.
+                    lane.saturated_until = math.inf if self._all_left_in_flight(lane) else \
+                        time.monotonic() + WAIT_S
                 elif candidate is None:
                     lane.asks_over = True
                 else:
@@ -323,6 +331,11 @@ class Search:
             if finished:
                 self._write_best(lane)
         return None
+
+    @staticmethod
+    def _all_left_in_flight(lane: Lane) -> bool:
+        """Every config the study has left is in flight in this run: asked, it can only answer WAIT."""
+        return lane.in_flight > 0 and lane.in_flight >= lane.left - lane.counted
 
     def _finished(self, lane: Lane) -> bool:
         """True once, when the study has nothing left to ask, time or tell (under self.cond). Not
@@ -386,22 +399,22 @@ class Search:
         return "ok"
 
     def _tell(self, lane: Lane, candidate: Candidate, result: dict) -> None:
-        lane.runner.complete(candidate, result)
-        self._release(lane, told=True)
+        self._release(lane, counted=lane.runner.complete(candidate, result))
 
     def _drop(self, lane: Lane, candidate: Candidate) -> None:
         lane.runner.abandon(candidate)
-        self._release(lane, told=False)
+        self._release(lane, counted=False)
 
-    def _release(self, lane: Lane, told: bool) -> None:
-        """A candidate of the lane told (its outcome counts toward the budget) or given back (its
-        slot is free again)."""
+    def _release(self, lane: Lane, counted: bool) -> None:
+        """A candidate of the lane told, its outcome `counted` toward the budget or not (`invalid`,
+        or failed meanwhile by another process), or given back (not counted)."""
         with self.cond:
             lane.in_flight -= 1
-            lane.told += told
+            lane.counted += counted
             # Asked now, a study whose every config left is in flight here would answer WAIT: it is
             # asked again when the last of them ends (other processes only ever leave it less to do).
-            if not lane.in_flight or lane.in_flight < lane.left - lane.told:
+            # One that did not count leaves a slot free, and the study is asked at once.
+            if not self._all_left_in_flight(lane):
                 lane.saturated_until = 0.0
             finished = self._finished(lane)
             self.cond.notify_all()
@@ -704,7 +717,7 @@ class Lane:
     saturated_until: float = 0.0  # the rest of its budget is in flight: not asked before this time
     polling: int = 0  # threads asking its runner for a config now
     in_flight: int = 0  # configs handed out, outcome not yet told
-    told: int = 0  # outcomes this run told it, each counting toward its budget
+    counted: int = 0  # outcomes this run told it that count toward its budget
     finished: bool = False
 
 

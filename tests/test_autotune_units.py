@@ -702,26 +702,82 @@ def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
 def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_one_can_be_handed_out():
     """Asked while every config it has left is in flight in this run, a study answers WAIT after a
     read of its trials and a search for dead processes: near each study's end that was one wasted
-    ask per outcome told, under the lock the GPU's baselines wait for. An outcome told leaves it
-    unasked while the configs in flight still cover what is left; one given back (a free slot), or
-    the last one ending (the study may be done), opens it again."""
+    ask per outcome told, under the lock the GPU's baselines wait for. An outcome that counts leaves
+    it unasked while the configs in flight still cover what is left; one that does not (`invalid`, or
+    failed meanwhile by another process), a config given back, or the last one ending opens it again.
+    A WAIT that other processes' claims cause is looked at again on the clock."""
     from autotune import tuning
 
     search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
-    search.stop, search.cond = threading.Event(), threading.Condition()
-    lane = tuning.Lane(0, None, "study", None, None, {}, left=5, start_measured=0, tried=[], activated=True,
-                       baselines_stored=True, in_flight=4, told=1, saturated_until=math.inf)
-    search._release(lane, told=True)  # 3 in flight, 3 left
-    assert (lane.in_flight, lane.told, lane.saturated_until) == (3, 2, math.inf)
-    search._release(lane, told=False)  # a slot back: 2 in flight, 3 left
-    assert (lane.in_flight, lane.told, lane.saturated_until) == (2, 2, 0.0)
-    lane.in_flight, lane.saturated_until = 3, math.inf  # the slot handed out again: 3 in flight, 3 left
-    search._release(lane, told=True)
-    search._release(lane, told=True)
+    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search._write_best = lambda lane: None
+    lane = tuning.Lane(0, None, "study", None, None, {}, left=6, start_measured=0, tried=[], activated=True,
+                       baselines_stored=True, in_flight=4, counted=1, saturated_until=math.inf)
+    search._release(lane, counted=True)  # 3 in flight, 4 left
+    assert (lane.in_flight, lane.counted, lane.saturated_until) == (3, 2, 0.0)
+    lane.in_flight, lane.saturated_until = 4, math.inf  # 4 in flight, 4 left
+    search._release(lane, counted=True)
+    assert (lane.in_flight, lane.counted, lane.saturated_until) == (3, 3, math.inf)
+    search._release(lane, counted=False)  # invalid, or a config given back: a slot is free
+    assert (lane.in_flight, lane.counted, lane.saturated_until) == (2, 3, 0.0)
+    lane.in_flight, lane.saturated_until = 3, math.inf
+    search._release(lane, counted=True)
+    search._release(lane, counted=True)
     assert (lane.in_flight, lane.saturated_until) == (1, math.inf)
-    search._release(lane, told=True)  # nothing in flight: asked again, to hear the budget is spent
-    assert (lane.in_flight, lane.told, lane.saturated_until) == (0, 5, 0.0)
-    assert not lane.finished  # finishing is the ask's to decide (asks_over), not the release's
+    search._release(lane, counted=True)  # nothing in flight: asked again, to hear the budget is spent
+    assert (lane.in_flight, lane.counted, lane.saturated_until) == (0, 6, 0.0)
+
+    class Waiting:  # a study whose slots other processes' claims fill
+        def poll(self):
+            return studies.WAIT
+
+    for in_flight, left, forever in ((2, 2, True), (1, 3, False), (0, 3, False)):
+        lane = tuning.Lane(0, None, "study", None, Waiting(), {}, left=left, start_measured=0, tried=[],
+                           activated=True, baselines_stored=True, in_flight=in_flight)
+        search.lanes = [lane]
+        assert search._next_work(False) == ("wait",)
+        assert (lane.saturated_until == math.inf) == forever and lane.saturated_until > 0
+
+
+def test_an_outcome_counts_toward_the_budget_only_when_measured_and_told(storage_url, capsys):
+    """What the pipeline's release reads: `complete` says whether the outcome counts toward the
+    study's budget. Not an `invalid` config (a backend's own refusal, found by its compile), nor an
+    outcome whose trial another process failed meanwhile, taking its process for dead."""
+    values = {"A": [1, 2, 3, 4], "B": [1, 2]}
+    study = optuna.create_study(storage=open_storage(storage_url), sampler=make_sampler("random", 3, values))
+    runner = _runner(study, 8, values)
+    first, second, third = (runner.poll() for _ in range(3))
+    assert runner.complete(first, {"status": "ok", "time_ms": 1.0}) is True
+    assert runner.complete(second, {"status": "invalid", "error": "config: BLOCK_N below N"}) is False
+    study.tell(third.trial.number, state=TrialState.FAIL)  # reaped by another process
+    assert runner.complete(third, {"status": "ok", "time_ms": 1.0}) is False
+    assert "ended elsewhere" in capsys.readouterr().err
+    assert runner.measured() == 1
+
+
+def test_a_study_with_its_share_of_configs_in_flight_lets_the_compile_processes_ask_the_next():
+    """Each ask reads back every trial of its study still running, so the pipeline keeps at most
+    IN_FLIGHT_PER_STUDY configs of a study in flight (counting the asks under way) and asks the next
+    study instead; the first is asked again once one of its configs is told."""
+    from autotune import tuning
+
+    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
+    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search._write_best = lambda lane: None
+    cap = tuning.IN_FLIGHT_PER_STUDY
+    first, second = (tuning.Lane(order, None, f"study {order}", None, None, {}, left=50, start_measured=0, tried=[],
+                                 activated=True, baselines_stored=True) for order in (0, 1))
+    search.lanes = [first, second]
+    first.in_flight, first.polling = cap - 1, 1
+    assert search._pick() == ("poll", second)
+    first.polling = 0
+    assert search._pick() == ("poll", first) and first.polling == 1
+    first.polling, first.in_flight = 0, cap
+    second.polling = 0
+    assert search._pick() == ("poll", second)
+    second.polling = 0
+    search._release(first, counted=True)
+    assert search._pick() == ("poll", first)
 
 
 def test_pools_tell_every_worker_to_exit_before_waiting_for_any():
