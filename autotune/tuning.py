@@ -58,8 +58,8 @@ AHEAD_PER_GPU = 4
 # Configs of one study handed out and not yet told, at most: the compile processes then work on
 # several studies at once. Each ask reads back every trial of its study still running (Optuna
 # caches only finished ones), so a study with a whole pool's worth in flight made each ask cost
-# more: at 50 a study the search process spent 70 ms of CPU a trial (asks of 53 ms) against 47 with
-# this bound (experiments/FINDINGS.md, "Tuner pipeline: compile pool and timing process").
+# more: at 50 a study the search process spent 70 ms of CPU a trial, 43-45 with this bound
+# (experiments/FINDINGS.md, "Tuner pipeline: compile pool and timing process").
 IN_FLIGHT_PER_STUDY = 6
 # The default compile pool: the host's cores but one per timing process and one for the search,
 # at most this many (each holds torch, a CUDA context and its compiler's memory).
