@@ -44,16 +44,24 @@ from experiments.paths import results_dir
 from kernels_core.provenance import provenance
 
 
+def make_runs_search(trials: int, seed: int, work: Path, *flags: str) -> Search:
+    """The search of make run's tuning step (both twins, --workload mnist-mlp, `trials` a study, more
+    autotune.search `flags`) on sm_90's spaces, in `work` on a new SQLite storage; its worker pools
+    made, not started."""
+    args = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(trials),
+                              "--seed", str(seed), "--out", str(work), "--storage", f"sqlite:///{work / 'tuning.db'}",
+                              *flags])
+    # sm_90's spaces, planned as a compile-only run plans them: this needs no GPU, and times nothing.
+    args.target, args.compile_only = "sm_90", True
+    # Naming the pools' processes needs a GPU id.
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    return Search(build_plan(args), args, trials)
+
+
 def one_round(trials: int, seed: int, work: Path) -> dict:
     """make run's studies opened and run to their budget by the search's own code (Search.open, its
     StudyRunner, heartbeat and trials.csv), no worker started: every config answered at once."""
-    args = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(trials),
-                              "--seed", str(seed), "--out", str(work), "--storage", f"sqlite:///{work / 'tuning.db'}"])
-    # sm_90's spaces, planned as a compile-only run plans them: this needs no GPU, and times nothing.
-    args.target, args.compile_only = "sm_90", True
-    # The search's worker pools are made, never started; naming their processes needs a GPU id.
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
-    tuner = Search(build_plan(args), args, trials)
+    tuner = make_runs_search(trials, seed, work)
     tuner.bar = SimpleNamespace(update=lambda n: None)  # record() moves a progress bar: none to show here
     rand = random.Random(seed)
     opened = asked = told = 0.0
@@ -76,7 +84,7 @@ def one_round(trials: int, seed: int, work: Path) -> dict:
     finally:
         tuner.heartbeat.stop()
         tuner.csv.close()
-    return {"sampler": args.sampler, "studies": len(tuner.plan.jobs), "open_s": round(opened, 2), "trials": n,
+    return {"sampler": tuner.args.sampler, "studies": len(tuner.plan.jobs), "open_s": round(opened, 2), "trials": n,
             "ask_ms": round(1e3 * asked / n, 1), "tell_ms": round(1e3 * told / n, 1),
             "per_trial_ms": round(1e3 * (asked + told) / n, 1)}
 
@@ -104,8 +112,9 @@ class _Waits:
         return {"status": "ok", "time_ms": self.rand.random(), "gpu": "0"}
 
     def build(self, index, call, backend, config, seed) -> dict:
-        time.sleep(self.seconds * (0.5 + self.rand.random()))
-        return {"ok": True, "compile_s": self.seconds, "gpu": "0"}
+        seconds = self.seconds * (0.5 + self.rand.random())
+        time.sleep(seconds)
+        return {"ok": True, "compile_s": seconds, "gpu": "0"}
 
 
 def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compile_ms: float, workers: int) -> dict:
@@ -113,14 +122,8 @@ def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compil
     processes replaced by waits."""
     from autotune.studies import WAIT, StudyRunner
 
-    args = search.parse_args(["--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", str(trials),
-                              "--seed", str(seed), "--out", str(work), "--storage", f"sqlite:///{work / 'tuning.db'}",
-                              "--workers", str(workers)])
-    args.target, args.compile_only = "sm_90", True
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
-    rand = random.Random(seed)
-    tuner = Search(build_plan(args), args, trials)
-    tuner.pool, tuner.compilers = _Waits(1, measure_ms / 1e3, rand), _Waits(args.workers, compile_ms / 1e3, rand)
+    tuner, rand = make_runs_search(trials, seed, work, "--workers", str(workers)), random.Random(seed)
+    tuner.pool, tuner.compilers = _Waits(1, measure_ms / 1e3, rand), _Waits(workers, compile_ms / 1e3, rand)
     waits, poll = [0], StudyRunner.poll
 
     def counted(runner):
@@ -136,7 +139,7 @@ def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compil
         StudyRunner.poll = poll
     cpu = time.process_time() - cpu
     n = sum(tuner.outcomes.values())
-    return {"studies": len(tuner.plan.jobs), "trials": n, "compile_processes": args.workers, "measure_ms": measure_ms,
+    return {"studies": len(tuner.plan.jobs), "trials": n, "compile_processes": workers, "measure_ms": measure_ms,
             "compile_ms": compile_ms, "tuning_s": round(tuner.seconds, 1), "trials_per_s": round(n / tuner.seconds, 2),
             "cpu_ms_per_trial": round(1e3 * cpu / n, 1), "lane_busy": round(tuner.pool.busy / tuner.seconds, 2),
             "asks_answered_wait": waits[0]}
