@@ -51,6 +51,7 @@ class Space:
                                                 compile(self.smem_bytes, "smem_bytes", "eval")))
         object.__setattr__(self, "_verdicts", {})
         object.__setattr__(self, "_costs", {})
+        object.__setattr__(self, "_valid", {})  # (elt, arch) -> configs(): the walk, once per space
         if set(self.default) != set(self.params):
             raise ValueError(f"default {dict(self.default)} must set exactly {sorted(self.params)}")
         for overrides in (self.default, *self.defaults_below.values()):
@@ -158,7 +159,14 @@ class Space:
         judged as soon as the values chosen so far decide it (a rule that needs a tunable not yet
         chosen raises NameError, and waits), so a subtree one rule refuses is never walked. A space
         whose rules hold for one kernel or another (`not (TF32 == 0) or ...`) is then walked kernel
-        by kernel, not over the product of both kernels' tunables."""
+        by kernel, not over the product of both kernels' tunables. The walk runs once per (elt, arch):
+        a search opens a study per call, and a benchmark looks configs up per case, of one space."""
+        if (elt, arch) not in self._valid:
+            self._valid[elt, arch] = self._walk(elt, arch)
+        for config in self._valid[elt, arch]:
+            yield dict(config)
+
+    def _walk(self, elt: int, arch: int) -> list[dict[str, int]]:
         names = list(self.params)
         rules = [code for _, _, code in self._rules]
         named = [sum(name in code.co_names for code in rules) for name in names]
@@ -186,5 +194,5 @@ class Space:
 
         walk(0, {"elt": elt, "arch": arch}, rules)
         index = {name: {v: i for i, v in enumerate(values)} for name, values in self.params.items()}
-        for config in sorted(found, key=lambda c: [index[n][c[n]] for n in names]):
-            yield {n: config[n] for n in names}
+        found.sort(key=lambda c: [index[n][c[n]] for n in names])
+        return [{n: config[n] for n in names} for config in found]

@@ -48,6 +48,21 @@ def test_configs_walks_a_kernel_union_kernel_by_kernel_and_finds_what_the_produc
         list(broken.configs(4))
 
 
+def test_configs_walks_once_per_elt_and_arch_and_hands_out_copies(monkeypatch):
+    """A search opens a study per call and a benchmark looks configs up per case, all of one space:
+    the walk runs once per (elt, arch), and a caller that changes a config it was given changes no
+    later caller's."""
+    space = Space(params=dict(SPACE.params), default=dict(SPACE.default), restrictions=SPACE.restrictions)
+    walks = []
+    walk = Space._walk
+    monkeypatch.setattr(Space, "_walk", lambda self, elt, arch: walks.append((elt, arch)) or walk(self, elt, arch))
+    first = list(space.configs(4, 90))
+    first[0]["BLOCK"] = 1
+    assert list(space.configs(4, 90)) == brute_force(space, 4, 90) and len(first) == 6
+    list(space.configs(4, 75)), list(space.configs(2, 90)), list(space.configs(4, 75))
+    assert walks == [(4, 90), (4, 75), (2, 90)]
+
+
 @pytest.mark.slow  # the products of the spaces' values: seconds
 @pytest.mark.parametrize("twin", ["triton", "cuda"])
 def test_every_space_of_the_twins_walks_to_the_products_configs(twin):
