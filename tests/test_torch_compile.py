@@ -48,6 +48,7 @@ def test_compiled_model_and_sgd_step_train_like_eager(rng):
     assert (failure := tracking_failure(compiled, eager)) is None, failure
 
 
+@pytest.mark.slow  # inductor compiles C++: 21 CPU s with its cache cold (a fresh machine)
 def test_each_compiled_backend_compiles_afresh(rng):
     """compare trains many compiled backends in one process; dynamo keeps its graphs per code object, and past
     its recompile limit it would run the step eagerly without a word. Limit 1: the second backend shows it."""
