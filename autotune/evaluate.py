@@ -124,6 +124,12 @@ class CompilePool(_Pool):
     def __init__(self, target: str, workers: int, timeout: float, log_dir: Path):
         super().__init__(target, workers, timeout, log_dir, "compile-")
 
+    def ask(self, index: int, spec: dict, sampler_seed: int, row: dict) -> dict:
+        """Worker `index` asks a study for its next config (autotune.asking.Asker.ask), or its failure."""
+        worker, gpu = self.workers[index]
+        return {**worker.request({"cmd": "ask", "spec": spec, "sampler_seed": sampler_seed, "row": row},
+                                 self.timeout), "gpu": gpu}
+
     def build(self, index: int, call: Call, backend: str, config: dict | None, seed: int) -> dict:
         """{"ok": True, "compile_s"} once worker `index` compiled every kernel of the call at
         `config`, else the failure as a trial's outcome (status, error)."""

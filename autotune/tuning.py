@@ -1,8 +1,9 @@
-"""A search over a plan's studies, as a pipeline: compile processes take each study's configs
-as its sampler hands them out and compile them; one timing process per GPU checks and times
-them, one at a time. Each study's winner is judged against the default config, torch and the
-incumbent (best.json's entry, else the one shipped for this GPU), measured in the same run, and
-kept winners are merged into best.json as each study finishes.
+"""A search over a plan's studies, as a pipeline: compile processes ask each study for configs
+(autotune.asking: its sampler and claims, through the shared storage) and compile them; one
+timing process per GPU checks and times them, one at a time. Each study's winner is judged
+against the default config, torch and the incumbent (best.json's entry, else the one shipped
+for this GPU), measured in the same run, and kept winners are merged into best.json as each
+study finishes.
 
 Why a pipeline: a trial's cost is mostly its compile (NVRTC or Triton, one thread each), and a
 GPU times one config at a time. So the compiles run on the host's cores at once, ahead of the
@@ -15,10 +16,11 @@ times; the torch baseline of a call is timed once for all the backends' studies 
 of its own tells the studies the outcomes, so a GPU does not wait for the storage. How far ahead
 the compiles run is bounded (AHEAD_PER_GPU), and so are a study's configs in flight
 (IN_FLIGHT_PER_STUDY): a config asked for later is drawn by a sampler that knows more results,
-and the search process, which makes every ask, makes cheaper ones.
+and an ask reads back fewer running trials. This process keeps the rest: which study is asked
+next, the baselines, the queue, the tells, the CSV and best.json.
 
-With --workers 0 there is no compile pool: each timing process compiles its trials itself,
-the serial baseline of the pipeline.
+With --workers 0 there is no compile pool: each timing process compiles its trials itself, and
+this process asks the studies, the serial baseline of the pipeline.
 """
 from __future__ import annotations
 
@@ -32,16 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 from tqdm import tqdm
 
 from autotune import console
+from autotune.asking import StudySpec, runner_parts
 from autotune.errors import SearchError, SearchStopped
 from autotune.evaluate import WORKER_FAILURES, CompilePool, Evaluator, close_pools, default_compilers
 from autotune.plan import Job, Plan
-from autotune.samplers import ORDINAL_SAMPLERS, make_sampler, view_space
-from autotune.storage import (Heartbeat, counts_toward_budget, measured_elsewhere, open_storage, owner_dead,
-                              reap_dead, shown_url)
+from autotune.samplers import ORDINAL_SAMPLERS
+from autotune.storage import (OWNER, Heartbeat, counts_toward_budget, measured_elsewhere, open_storage,
+                              owner_dead, reap_dead, shown_url)
 from autotune.studies import (LOWER_PRECISION_SUFFIX, WAIT, WAIT_S, Candidate, StudyRunner, best_trial, outcome_counts,
                               study_name)
 from autotune.trials_csv import TrialsCsv, columns
@@ -141,15 +145,16 @@ class Search:
     # -- one study -------------------------------------------------------------------
     def open(self, order: int, job: Job) -> Lane:
         """The job's study, created or resumed, as the pipeline's lane `order`."""
-        call, elt = job.call, DTYPES[job.call.dtype].itemsize
+        call = job.call
         lower = bool(self.args.lower_precision and job.space.lower_precision)
         # Studies that may pick a lower precision are other studies: their configs and winners differ.
         key = study_name("", self.target.name, call.op, job.backend, call.dtype, call.study_key) + (
             LOWER_PRECISION_SUFFIX if lower else "")
         name = self.args.study_prefix + key
-        view = view_space(job.space, self.target, elt, lower)
-        sampler = make_sampler(self.args.sampler, self.args.seed, view.values,
-                               parallel=len(self.pool) + len(self.compilers) > 1, valid=view.valid)
+        spec = StudySpec(self.args.storage, name, key, self.target.name, job.backend, call.op, call.dtype, lower,
+                         self.args.sampler, self.budget, self.args.sampler in ORDINAL_SAMPLERS,
+                         parallel=len(self.pool) + len(self.compilers) > 1)
+        view, sampler, check = runner_parts(spec, self.target, job.space, self.args.seed)
         with self.lock:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
@@ -165,13 +170,12 @@ class Search:
             tried = [job.space.with_defaults(t.user_attrs["config"]) for t in
                      study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "config" in t.user_attrs]
         baselines: dict = {}
-        check = lambda config: self.target.target_violation(job.space, config, elt)
         runner = StudyRunner(study, view, self.budget, check,
                              make_row=lambda config, result, number: self.make_row(
                                  job, name, baselines, config, result, number),
-                             record=self.record, ordinal=self.args.sampler in ORDINAL_SAMPLERS,
-                             lock=self.lock, heartbeat=self.heartbeat, known=known)
-        return Lane(order, job, name, study, runner, baselines, runner.left(), runner.measured(), tried)
+                             record=self.record, ordinal=spec.ordinal, lock=self.lock, heartbeat=self.heartbeat,
+                             known=known)
+        return Lane(order, job, name, study, runner, baselines, runner.left(), runner.measured(), tried, spec)
 
     def _copy_missing_rows(self, study: optuna.Study, name: str) -> None:
         """Rows the study has but the CSV lacks, of trials whose process on this host died
@@ -287,10 +291,10 @@ class Search:
             return ("poll", lane)
         return ("wait",) if open_lanes else None
 
-    def _next_work(self, block: bool):
-        """("baseline", lane, labels, config) or ("trial", lane, candidate) to compile; None when no
-        study has configs left, or the search stops; ("wait",) when there is nothing yet and `block`
-        is False."""
+    def _next_work(self, index: int | None, block: bool):
+        """("baseline", lane, labels, config) or ("trial", lane, candidate) to compile on compile
+        process `index` (None: the timing process); None when no study has configs left, or the
+        search stops; ("wait",) when there is nothing yet and `block` is False."""
         while not self.stop.is_set():
             with self.cond:
                 pick = self._pick()
@@ -306,7 +310,7 @@ class Search:
                 self._settle([lane])
                 continue
             try:
-                candidate = lane.runner.poll()
+                candidate = lane.runner.poll() if index is None else self._ask(index, lane)
             except BaseException:
                 with self.cond:
                     lane.polling -= 1
@@ -332,6 +336,39 @@ class Search:
                 self._write_best(lane)
         return None
 
+    def _ask(self, index: int, lane: Lane):
+        """The lane's next config as its runner's poll gives it (a Candidate, WAIT or None), asked for
+        by compile process `index` (autotune.asking), which then compiles it; the trial is this
+        process's from then on. A compile process that crashes or hangs while asking is counted
+        against it, and the study asked again later: a claim it left is reaped with it."""
+        row = self.make_row(lane.job, lane.name, lane.baselines, {}, {"status": "invalid"}, None)
+        seed = (self.args.seed + 7919 * (index + 1)) % 2**32  # each process's sampler draws its own start
+        answer = self.compilers.ask(index, lane.spec.to_json(), seed, row)
+        if "asked" not in answer:
+            if answer.get("status") in WORKER_FAILURES:
+                if self._count_failure(("compile", index), answer):
+                    self._check_workers()
+                return WAIT
+            raise SearchError(answer.get("error"))
+        runner = lane.runner
+        with self.lock:
+            for row in answer["rows"]:
+                self.record(row)
+            runner.invalid += answer["invalid"]
+            runner.reused += answer["reused"]
+            if answer["asked"] == "none":
+                runner.ended = runner.ended or answer["ended"]
+                return None
+            if answer["asked"] == "wait":
+                return WAIT
+            trial = optuna.Trial(lane.study, answer["trial_id"])
+            try:
+                trial.set_user_attr("owner", OWNER)
+            except UpdateFinishedTrialError:  # its compile process died and was reaped: the config went back
+                return WAIT
+            self.heartbeat.add(trial)
+        return Candidate(trial, answer["config"])
+
     @staticmethod
     def _all_left_in_flight(lane: Lane) -> bool:
         """Every config the study has left is in flight in this run: asked, it can only answer WAIT."""
@@ -354,7 +391,7 @@ class Search:
         """One config compiled on compile process `index` (None: left to the timing process) and queued
         for timing: "ok", "wait" (nothing to compile yet), or "done": no study has configs left, the
         search stops, or this compile process was set aside."""
-        work = self._next_work(block)
+        work = self._next_work(index, block)
         if work is None:
             return "done"
         if work[0] == "wait":
@@ -709,6 +746,7 @@ class Lane:
     left: int  # configs it needed measured when this run opened it
     start_measured: int
     tried: list  # the configs its earlier runs measured
+    spec: StudySpec  # how a compile process opens the study to ask it for configs
     activated: bool = False  # its baselines listed
     to_build: list = field(default_factory=list)  # (labels, config) of baselines not yet compiled
     waiting: int = 0  # baselines not yet in

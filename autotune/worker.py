@@ -23,6 +23,8 @@ stderr, the worker's log). The first line out is {"ready": true}.
       (else less_accurate), whose error comes back as default_rel_err
   {"cmd": "compile", "backend", "op", "dtype", "configs", "arch"}
       offline compile reports (no GPU needed) -> {"reports": [...]}
+  {"cmd": "ask", "spec", "sampler_seed", "row"}
+      a compile process asks a study for its next config (autotune.asking) -> {"asked": ...}
 
 A failed step answers {"ok": false, "status": ..., "error": ...}; "fatal":
 true means the CUDA context is unusable and the worker exits after answering.
@@ -134,6 +136,17 @@ class Runner:
                 report = {}
             answer.update({k: report.get(k) for k in ("registers", "smem_bytes", "spill_bytes")})
         return answer
+
+    def ask(self, req: dict) -> dict:
+        from autotune.asking import ask
+        from autotune.errors import SearchError
+
+        try:
+            return ask(req["spec"], req["sampler_seed"], req["row"])
+        except Exception as exc:  # the storage, or a space the study no longer matches: the search stops
+            traceback.print_exc(file=sys.stderr)
+            return {"ok": False, "status": "ask_error", "error": str(exc) if isinstance(exc, SearchError) else
+                    f"asking for a config: {describe(exc)}"}
 
     def build(self, req: dict) -> dict:
         from autotune.workload import call_inputs, run

@@ -5,40 +5,46 @@
 `make run`'s tuning plan (both twins, --workload mnist-mlp, sm_90's spaces), every config
 answered at once with a random time: each study opened by the search's own Search.open and
 driven through its StudyRunner (ask, suggest, the rules, the claim and its heartbeat, the tell and
-its trials.csv row), on a new SQLite storage as the search's default. What is left is the search process's own cost per
-trial: the sampler, and the storage's round trips. The GPU's timing process waited through the
-tell while the search told each outcome in line with the timing (autotune.tuning: now a thread
-of its own tells).
+its trials.csv row), on a new SQLite storage as the search's default, all in one process. What is
+left is the cost per trial of an ask (the sampler, the claim and their round trips to the storage:
+a compile process's work in the pipeline, autotune.asking) and of a tell (the search process's).
 
 Then the whole pipeline (`pipeline` rows): the same studies through Search.run itself, its compile
-threads, timing thread and teller, with each worker process replaced by a wait: a compile about
---compile-ms (half to one and a half times it) on each of --workers, a measurement --measure-ms (the H200's timing
-process spent 30 ms a measurement in `make run`, tuning_speed.csv's load_ms + measure_ms). The
-rate it reaches is the most this host's search process lets one GPU time; the timing process's
-busy share says how much of the run the GPU's lane waited for it.
+threads, timing thread and teller. Each of --workers compile processes is a process that asks the
+studies for configs as a compile process does (autotune.asking) and then waits instead of compiling,
+about --compile-ms (half to one and a half times it); the timing process is a wait of --measure-ms
+(the H200's timing process spent 30 ms a measurement in `make run`, tuning_speed.csv's load_ms +
+measure_ms). The search process's CPU a trial is what bounds one GPU's rate on a host with a core
+for each process; the ask processes' CPU a trial (their start, imports and study opens included)
+is what the compile pool spends beside its compiles. On a host with fewer cores than processes the
+rate is the host's, not the pipeline's.
 
 -> experiments/results/<device>/tuner_bookkeeping.csv: a row per budget, round and kind: seconds to open
    the studies, trials, and per trial the ask (sampler and claim) and the tell, in ms (`direct`);
-   trials a second, the search process's CPU ms a trial, the timing lane's busy share and the asks
-   answered WAIT (`pipeline`).
+   trials a second, the search process's and the ask processes' CPU ms a trial, the timing lane's
+   busy share and the asks answered WAIT (`pipeline`).
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
 import pandas as pd
 
-from autotune import search
+from autotune import asking, search
 from autotune.evaluate import host_cores
 from autotune.plan import build_plan
+from autotune.studies import WAIT
 from autotune.tuning import Search
 from experiments.paths import results_dir
 from kernels_core.provenance import provenance
@@ -117,32 +123,48 @@ class _Waits:
         return {"ok": True, "compile_s": seconds, "gpu": "0"}
 
 
+class _Compiles(_Waits):
+    """Stands in for the compile pool: each compile a wait, each ask made as a compile process makes it
+    (autotune.asking), in a process of a pool of this size."""
+
+    def __init__(self, size: int, seconds: float, rand: random.Random):
+        super().__init__(size, seconds, rand)
+        self.asks = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"))
+
+    def ask(self, index, spec, sampler_seed, row) -> dict:
+        return self.asks.submit(asking.ask, spec, sampler_seed, row).result()
+
+
 def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compile_ms: float, workers: int) -> dict:
-    """make run's studies through Search.run, with one GPU's timing process and `workers` compile
-    processes replaced by waits."""
-    from autotune.studies import WAIT, StudyRunner
-
+    """make run's studies through Search.run, with one GPU's timing process replaced by a wait and
+    `workers` compile processes by processes that ask and then wait."""
     tuner, rand = make_runs_search(trials, seed, work, "--workers", str(workers)), random.Random(seed)
-    tuner.pool, tuner.compilers = _Waits(1, measure_ms / 1e3, rand), _Waits(workers, compile_ms / 1e3, rand)
-    waits, poll = [0], StudyRunner.poll
+    tuner.pool, tuner.compilers = _Waits(1, measure_ms / 1e3, rand), _Compiles(workers, compile_ms / 1e3, rand)
+    waits, ask = [0], tuner._ask
 
-    def counted(runner):
-        answer = poll(runner)
+    def counted(index, lane):
+        answer = ask(index, lane)
         waits[0] += answer is WAIT
         return answer
 
-    StudyRunner.poll = counted
-    cpu = time.process_time()
+    tuner._ask = counted
+    cpu, children = time.process_time(), _children_cpu()
     try:
         tuner.run()
     finally:
-        StudyRunner.poll = poll
-    cpu = time.process_time() - cpu
+        tuner.compilers.asks.shutdown()
+    cpu, asks_cpu = time.process_time() - cpu, _children_cpu() - children
     n = sum(tuner.outcomes.values())
     return {"studies": len(tuner.plan.jobs), "trials": n, "compile_processes": workers, "measure_ms": measure_ms,
             "compile_ms": compile_ms, "tuning_s": round(tuner.seconds, 1), "trials_per_s": round(n / tuner.seconds, 2),
-            "cpu_ms_per_trial": round(1e3 * cpu / n, 1), "lane_busy": round(tuner.pool.busy / tuner.seconds, 2),
-            "asks_answered_wait": waits[0]}
+            "cpu_ms_per_trial": round(1e3 * cpu / n, 1), "ask_cpu_ms_per_trial": round(1e3 * asks_cpu / n, 1),
+            "lane_busy": round(tuner.pool.busy / tuner.seconds, 2), "asks_answered_wait": waits[0]}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's ended children (the ask processes, once shut down)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:
@@ -180,7 +202,8 @@ def main(argv=None) -> int:
             rows.append({**prov, "kind": "pipeline", "budget": budget, "round": r, "storage": "sqlite",
                          "cores": host_cores(), **row})
             print(f"{budget} a study, pipeline round {r}: {row['trials_per_s']} trials a second, "
-                  f"{row['cpu_ms_per_trial']} ms of the search process's CPU a trial, the timing lane busy "
+                  f"{row['cpu_ms_per_trial']} ms of the search process's CPU a trial and "
+                  f"{row['ask_cpu_ms_per_trial']} of the ask processes', the timing lane busy "
                   f"{row['lane_busy']:.0%}, {row['asks_answered_wait']} asks answered WAIT", flush=True)
     out = results_dir() / "tuner_bookkeeping.csv"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -687,12 +687,12 @@ def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
             inside.wait(10)
             return None
 
-    lane = tuning.Lane(0, None, "study", None, Runner(), {}, left=1, start_measured=0, tried=[], activated=True,
-                       baselines_stored=True)
+    lane = tuning.Lane(0, None, "study", None, Runner(), {}, left=1, start_measured=0, tried=[], spec=None,
+                       activated=True, baselines_stored=True)
     search.lanes = [lane]
-    first = threading.Thread(target=search._next_work, args=(True,), name="first")
+    first = threading.Thread(target=search._next_work, args=(None, True), name="first")
     first.start()
-    assert search._next_work(True) is None  # the configs ran out
+    assert search._next_work(None, True) is None  # the configs ran out
     assert lane.asks_over and not written  # but the first thread is still asking
     release.set()
     first.join(10)
@@ -711,7 +711,7 @@ def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_o
     search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
     search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
     search._write_best = lambda lane: None
-    lane = tuning.Lane(0, None, "study", None, None, {}, left=6, start_measured=0, tried=[], activated=True,
+    lane = tuning.Lane(0, None, "study", None, None, {}, left=6, start_measured=0, tried=[], spec=None, activated=True,
                        baselines_stored=True, in_flight=4, counted=1, saturated_until=math.inf)
     search._release(lane, counted=True)  # 3 in flight, 4 left
     assert (lane.in_flight, lane.counted, lane.saturated_until) == (3, 2, 0.0)
@@ -732,10 +732,10 @@ def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_o
             return studies.WAIT
 
     for in_flight, left, forever in ((2, 2, True), (1, 3, False), (0, 3, False)):
-        lane = tuning.Lane(0, None, "study", None, Waiting(), {}, left=left, start_measured=0, tried=[],
+        lane = tuning.Lane(0, None, "study", None, Waiting(), {}, left=left, start_measured=0, tried=[], spec=None,
                            activated=True, baselines_stored=True, in_flight=in_flight)
         search.lanes = [lane]
-        assert search._next_work(False) == ("wait",)
+        assert search._next_work(None, False) == ("wait",)
         assert (lane.saturated_until == math.inf) == forever and lane.saturated_until > 0
 
 
@@ -766,7 +766,7 @@ def test_a_study_with_its_share_of_configs_in_flight_lets_the_compile_processes_
     search._write_best = lambda lane: None
     cap = tuning.IN_FLIGHT_PER_STUDY
     first, second = (tuning.Lane(order, None, f"study {order}", None, None, {}, left=50, start_measured=0, tried=[],
-                                 activated=True, baselines_stored=True) for order in (0, 1))
+                                 spec=None, activated=True, baselines_stored=True) for order in (0, 1))
     search.lanes = [first, second]
     first.in_flight, first.polling = cap - 1, 1
     assert search._pick() == ("poll", second)
@@ -831,3 +831,61 @@ def test_a_worker_started_ahead_and_never_used_is_ended_without_waiting_for_its_
     proc = worker.proc
     worker.close()
     assert proc.returncode == -signal.SIGKILL and worker.proc is None
+
+
+def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_over(storage_url, monkeypatch):
+    """The pipeline's asks are made in the compile processes (autotune.asking), each process with its
+    own sampler, through the shared storage: every config measured once, the budget exact; the
+    invalid suggestions' rows reach this process's CSV, one per invalid trial in the storage; and each
+    config's trial becomes this process's (its owner and heartbeat), so a compile process restarted
+    later does not take the configs it handed out down with it."""
+    import multiprocessing
+    from collections import Counter
+    from concurrent.futures import ProcessPoolExecutor
+    from types import SimpleNamespace
+
+    from autotune import asking, tuning
+    from autotune.errors import SearchError
+    from autotune.storage import Heartbeat
+
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")  # the ask processes inherit it
+    storage = open_storage(storage_url)
+    name = "cpu:matmul:fake:fp32:8x8x8"
+    spec = asking.StudySpec(storage_url, name, name, "cpu", "fake", "matmul", "fp32", lower_precision=False,
+                            sampler="random", budget=20, ordinal=False, parallel=True)
+    space = backends.load("fake").space("matmul", "fp32")  # 26 valid configs among 32
+    view, sampler, check = asking.runner_parts(spec, targets.TARGETS["cpu"], space, 0)
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler)
+    runner = studies.StudyRunner(study, view, spec.budget, check,
+                                 make_row=lambda config, result, number: {**config, **result, "trial": number})
+    search = tuning.Search.__new__(tuning.Search)  # what _ask uses of a search
+    search.lock, search.args, search.heartbeat = threading.Lock(), SimpleNamespace(seed=0), Heartbeat(storage)
+    search.failures_in_a_row, search.retired = Counter(), {}
+    search.make_row = lambda job, name, baselines, config, result, number: {"study": name, **result}
+    rows = []
+    search.record = rows.append
+    lane = tuning.Lane(0, None, name, study, runner, {}, left=spec.budget, start_measured=0, tried=[], spec=spec)
+    measured = []
+    try:
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            search.compilers = SimpleNamespace(
+                ask=lambda index, spec, seed, row: pool.submit(asking.ask, spec, seed, row).result())
+            while (candidate := search._ask(len(measured) % 2, lane)) is not None:
+                assert candidate is not studies.WAIT  # nothing in flight: a config is always free
+                owner = study._storage.get_trial(candidate.trial._trial_id).user_attrs["owner"]
+                assert owner == OWNER and (name, candidate.trial.number) in search.heartbeat.ids
+                measured.append(candidate.config)
+                assert runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + len(measured)})
+    finally:
+        search.heartbeat.stop()
+    assert len(measured) == 20 and len({config_key(c) for c in measured}) == 20 and runner.measured() == 20
+    invalid = [t.number for t in study.get_trials() if t.user_attrs.get("status") == "invalid"]
+    assert sorted(row["trial"] for row in rows) == invalid and runner.invalid == len(invalid)
+    assert all(row["status"] == "invalid" and row["study"] == name and "BLOCK_M" in row for row in rows)
+    # A compile process that hangs or dies while asking: counted against it, the study asked again later.
+    search.compilers = SimpleNamespace(ask=lambda *a: {"ok": False, "status": "timeout", "error": "no answer"})
+    search.args.max_failures_in_a_row = 5
+    assert search._ask(1, lane) is studies.WAIT and search.failures_in_a_row[("compile", 1)] == 1
+    search.compilers = SimpleNamespace(ask=lambda *a: {"ok": False, "status": "ask_error", "error": "study x: gone"})
+    with pytest.raises(SearchError, match="study x: gone"):
+        search._ask(0, lane)
