@@ -172,20 +172,17 @@ class Heartbeat:
     def __init__(self, storage: optuna.storages.RDBStorage):
         self.storage = storage
         self.ids: dict[tuple[str, int], int] = {}  # (study, trial number) -> trial id
-        self._study_ids: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def add(self, trial: optuna.Trial) -> None:
-        name = trial.study.study_name
-        if name not in self._study_ids:
-            self._study_ids[name] = self.storage.get_study_id_from_name(name)
-        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self._study_ids[name], trial.number)
+        # The trial's id as Optuna's Trial holds it (a private attribute, as of Optuna 5.1): looked up
+        # by study and number, it cost two reads of the storage a trial.
         with self._lock:
-            self.ids[(name, trial.number)] = trial_id
-        self.storage.record_heartbeat(trial_id)
+            self.ids[(trial.study.study_name, trial.number)] = trial._trial_id
+        self.storage.record_heartbeat(trial._trial_id)
 
     def discard(self, trial: optuna.Trial) -> None:
         with self._lock:

@@ -872,8 +872,10 @@ def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_o
                 ask=lambda index, spec, seed, row: pool.submit(asking.ask, spec, seed, row).result())
             while (candidate := search._ask(len(measured) % 2, lane)) is not None:
                 assert candidate is not studies.WAIT  # nothing in flight: a config is always free
-                owner = study._storage.get_trial(candidate.trial._trial_id).user_attrs["owner"]
-                assert owner == OWNER and (name, candidate.trial.number) in search.heartbeat.ids
+                number = candidate.trial.number
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+                assert storage.get_trial(trial_id).user_attrs["owner"] == OWNER
+                assert search.heartbeat.ids[(name, number)] == trial_id
                 measured.append(candidate.config)
                 assert runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + len(measured)})
     finally:
