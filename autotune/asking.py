@@ -65,11 +65,13 @@ class Asker:
         self.runners: dict[str, StudyRunner] = {}
         self.lock = threading.Lock()  # the runners' lock: only the heartbeat's thread runs beside the asks
 
-    def ask(self, spec: StudySpec, sampler_seed: int | None, row: dict) -> dict:
+    def ask(self, spec: StudySpec, sampler_seed: int | None, row: dict, recorder: str) -> dict:
         """The study's next config, as {"asked": "trial", "number", "trial_id", "config"}, "wait" (the
         rest of its budget is in flight) or "none" (with why it ended, if early); "rows" are the
-        invalid suggestions told on the way, each `row` with its config, outcome and trial number."""
+        invalid suggestions told on the way, each `row` with its config, outcome and trial number,
+        for `recorder` (the search process: autotune.storage.OWNER) to write to its CSV."""
         runner = self.runners.get(spec.name) or self._open(spec, sampler_seed)
+        runner.recorder = recorder
         told: list[dict] = []
         runner.make_row = lambda config, result, number: {
             **row, **config, "status": result["status"], "error": result.get("error"), "trial": number,
@@ -88,7 +90,7 @@ class Asker:
 
     def _open(self, spec: StudySpec, sampler_seed: int | None) -> StudyRunner:
         if self.storage is None:
-            self.storage = open_storage(spec.storage)
+            self.storage = open_storage(spec.storage, one_connection=True)
             self.heartbeat = Heartbeat(self.storage)
         target, space = TARGETS[spec.target], backends.load(spec.backend).space(spec.op, spec.dtype)
         view, sampler, check = runner_parts(spec, target, space, sampler_seed)
@@ -103,8 +105,8 @@ class Asker:
 _asker: Asker | None = None  # this process's
 
 
-def ask(spec: dict, sampler_seed: int | None, row: dict) -> dict:
+def ask(spec: dict, sampler_seed: int | None, row: dict, recorder: str) -> dict:
     """Asker.ask on this process's studies: what a compile process answers to the search's `ask`."""
     global _asker
     _asker = _asker or Asker()
-    return _asker.ask(StudySpec(**spec), sampler_seed, row)
+    return _asker.ask(StudySpec(**spec), sampler_seed, row, recorder)

@@ -23,6 +23,10 @@ GPU_BENCH = {"reps": 100, "max_seconds": 2.0}
 # A worker's crash, hang or failure to launch: counted against the worker, in a row
 # (--max-failures-in-a-row), since a lost GPU fails every config the same way.
 WORKER_FAILURES = ("launch_error", "timeout")
+# An ask runs no kernel, and --timeout is a compile's or a measurement's bound. It may still wait a
+# while: for a claim of a process that died on another host until its heartbeat is stale
+# (autotune.storage's GRACE_S), for SQLite's write lock (its 120 s). Longer than all that, it hangs.
+ASK_TIMEOUT_S = 600.0
 
 
 def host_cores() -> int:
@@ -124,11 +128,15 @@ class CompilePool(_Pool):
     def __init__(self, target: str, workers: int, timeout: float, log_dir: Path):
         super().__init__(target, workers, timeout, log_dir, "compile-")
 
-    def ask(self, index: int, spec: dict, sampler_seed: int, row: dict) -> dict:
+    def ask(self, index: int, spec: dict, sampler_seed: int, row: dict, recorder: str) -> dict:
         """Worker `index` asks a study for its next config (autotune.asking.Asker.ask), or its failure."""
         worker, gpu = self.workers[index]
-        return {**worker.request({"cmd": "ask", "spec": spec, "sampler_seed": sampler_seed, "row": row},
-                                 self.timeout), "gpu": gpu}
+        return {**worker.request({"cmd": "ask", "spec": spec, "sampler_seed": sampler_seed, "row": row,
+                                  "recorder": recorder}, ASK_TIMEOUT_S), "gpu": gpu}
+
+    def restarts(self, index: int) -> int:
+        """How often worker `index` was started again after a crash or a hang."""
+        return self.workers[index][0].restarts
 
     def build(self, index: int, call: Call, backend: str, config: dict | None, seed: int) -> dict:
         """{"ok": True, "compile_s"} once worker `index` compiled every kernel of the call at

@@ -53,25 +53,30 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """The Optuna storage at `url`, or a SearchError that says what is wrong with --storage."""
+def open_storage(url: str, *, one_connection: bool = False) -> optuna.storages.RDBStorage:
+    """The Optuna storage at `url`, or a SearchError that says what is wrong with --storage.
+    one_connection: the process keeps one connection to a database server open (a second only while
+    two of its threads, or Optuna's nested sessions, need one at once), as each of a search's
+    compile processes does: PostgreSQL serves 100 at once by default, and a host's search holds its
+    own pool's and one a compile process."""
     try:
-        return _connect(url)
+        return _connect(url, {"pool_size": 1, "max_overflow": 1} if one_connection else {})
     except (*STORAGE_ERRORS, ImportError, RuntimeError, OSError, ValueError) as exc:
         # ImportError: no driver for the URL; RuntimeError: a schema of another Optuna version
         raise SearchError(f"--storage {shown_url(url)}: cannot open it: {storage_problem(exc)}") from None
 
 
-def _connect(url: str) -> optuna.storages.RDBStorage:
-    kwargs = {}
-    if url.startswith("sqlite:///"):
+def _connect(url: str, pool: dict) -> optuna.storages.RDBStorage:
+    sqlite = url.startswith("sqlite:///")
+    kwargs = {} if sqlite else dict(pool)  # a file has no server to run out of connections
+    if sqlite:
         Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        kwargs = {"connect_args": {"timeout": 120}}  # writers from other processes wait, not fail
+        kwargs["connect_args"] = {"timeout": 120}  # writers from other processes wait, not fail
     for attempt in range(3):
         try:
             storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                                  grace_period=GRACE_S)
-            if kwargs:
+            if sqlite:
                 sqlalchemy.event.listen(storage.engine, "connect", _sqlite_fast_commits)
                 storage.engine.dispose()  # the connections opened already lack it
             return storage

@@ -92,6 +92,10 @@ class StudyRunner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     heartbeat: Heartbeat | None = None
     known: dict = field(default_factory=dict)  # measured_elsewhere()
+    # The process that writes the CSV rows of this runner's outcomes, where it is not the one asking
+    # (autotune.asking): an outcome's trial becomes its, so a search copies an outcome's row into its
+    # CSV (Search._copy_missing_rows) only once the process that was to record it has died.
+    recorder: str | None = None
     invalid: int = 0
     reused: int = 0
     ended: str = ""  # why the study ended before its budget
@@ -283,6 +287,8 @@ class StudyRunner:
         if self.heartbeat:
             self.heartbeat.discard(trial)
         try:
+            if record and self.recorder:
+                trial.set_user_attr("owner", self.recorder)
             trial.set_user_attr("row", row)
             trial.set_user_attr("status", status)
             if status == "ok":

@@ -294,8 +294,9 @@ class Search:
     def _next_work(self, index: int | None, block: bool):
         """("baseline", lane, labels, config) or ("trial", lane, candidate) to compile on compile
         process `index` (None: the timing process); None when no study has configs left, or the
-        search stops; ("wait",) when there is nothing yet and `block` is False."""
-        while not self.stop.is_set():
+        search stops, or compile process `index` was set aside; ("wait",) when there is nothing yet
+        and `block` is False."""
+        while not self.stop.is_set() and ("compile", index) not in self.retired:
             with self.cond:
                 pick = self._pick()
                 if pick is None or pick[0] == "baseline":
@@ -342,8 +343,11 @@ class Search:
         process's from then on. A compile process that crashes or hangs while asking is counted
         against it, and the study asked again later: a claim it left is reaped with it."""
         row = self.make_row(lane.job, lane.name, lane.baselines, {}, {"status": "invalid"}, None)
-        seed = (self.args.seed + 7919 * (index + 1)) % 2**32  # each process's sampler draws its own start
-        answer = self.compilers.ask(index, lane.spec.to_json(), seed, row)
+        # Each process's sampler draws its own start, and so does a process restarted after a hang:
+        # with its predecessor's seed it would propose its predecessor's configs again.
+        restarts = self.compilers.restarts(index)
+        seed = (self.args.seed + 7919 * (index + 1) + 104729 * restarts) % 2**32
+        answer = self.compilers.ask(index, lane.spec.to_json(), seed, row, OWNER)
         if "asked" not in answer:
             if answer.get("status") in WORKER_FAILURES:
                 if self._count_failure(("compile", index), answer):

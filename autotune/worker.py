@@ -23,7 +23,7 @@ stderr, the worker's log). The first line out is {"ready": true}.
       (else less_accurate), whose error comes back as default_rel_err
   {"cmd": "compile", "backend", "op", "dtype", "configs", "arch"}
       offline compile reports (no GPU needed) -> {"reports": [...]}
-  {"cmd": "ask", "spec", "sampler_seed", "row"}
+  {"cmd": "ask", "spec", "sampler_seed", "row", "recorder"}
       a compile process asks a study for its next config (autotune.asking) -> {"asked": ...}
 
 A failed step answers {"ok": false, "status": ..., "error": ...}; "fatal":
@@ -140,13 +140,17 @@ class Runner:
     def ask(self, req: dict) -> dict:
         from autotune.asking import ask
         from autotune.errors import SearchError
+        from autotune.storage import STORAGE_ERRORS, shown_url, storage_problem
 
         try:
-            return ask(req["spec"], req["sampler_seed"], req["row"])
+            return ask(req["spec"], req["sampler_seed"], req["row"], req["recorder"])
         except Exception as exc:  # the storage, or a space the study no longer matches: the search stops
             traceback.print_exc(file=sys.stderr)
-            return {"ok": False, "status": "ask_error", "error": str(exc) if isinstance(exc, SearchError) else
-                    f"asking for a config: {describe(exc)}"}
+            if isinstance(exc, STORAGE_ERRORS):  # as the search process says it: a line, no SQL
+                error = f"--storage {shown_url(req['spec']['storage'])}: {storage_problem(exc)}"
+            else:
+                error = str(exc) if isinstance(exc, SearchError) else f"asking for a config: {describe(exc)}"
+            return {"ok": False, "status": "ask_error", "error": error}
 
     def build(self, req: dict) -> dict:
         from autotune.workload import call_inputs, run

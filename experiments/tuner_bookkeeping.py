@@ -124,15 +124,24 @@ class _Waits:
 
 
 class _Compiles(_Waits):
-    """Stands in for the compile pool: each compile a wait, each ask made as a compile process makes it
-    (autotune.asking), in a process of a pool of this size."""
+    """Stands in for the compile pool: each compile a wait, each ask made as compile process `index`
+    makes it (autotune.asking), in a process of its own, started on its first ask."""
 
     def __init__(self, size: int, seconds: float, rand: random.Random):
         super().__init__(size, seconds, rand)
-        self.asks = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"))
+        spawn = multiprocessing.get_context("spawn")
+        self.processes = [ProcessPoolExecutor(1, mp_context=spawn) for _ in range(size)]
 
-    def ask(self, index, spec, sampler_seed, row) -> dict:
-        return self.asks.submit(asking.ask, spec, sampler_seed, row).result()
+    def ask(self, index, spec, sampler_seed, row, recorder) -> dict:
+        return self.processes[index].submit(asking.ask, spec, sampler_seed, row, recorder).result()
+
+    def restarts(self, index) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        """Ends the processes, waiting for each: their CPU time then counts as this process's children's."""
+        for process in self.processes:
+            process.shutdown()
 
 
 def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compile_ms: float, workers: int) -> dict:
@@ -152,7 +161,7 @@ def pipeline_round(trials: int, seed: int, work: Path, measure_ms: float, compil
     try:
         tuner.run()
     finally:
-        tuner.compilers.asks.shutdown()
+        tuner.compilers.shutdown()
     cpu, asks_cpu = time.process_time() - cpu, _children_cpu() - children
     n = sum(tuner.outcomes.values())
     return {"studies": len(tuner.plan.jobs), "trials": n, "compile_processes": workers, "measure_ms": measure_ms,

@@ -674,6 +674,7 @@ def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
 
     search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
     search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search.retired = {}
     written = []
     search._write_best = written.append
     inside, release = threading.Event(), threading.Event()
@@ -710,6 +711,7 @@ def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_o
 
     search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
     search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search.retired = {}
     search._write_best = lambda lane: None
     lane = tuning.Lane(0, None, "study", None, None, {}, left=6, start_measured=0, tried=[], spec=None, activated=True,
                        baselines_stored=True, in_flight=4, counted=1, saturated_until=math.inf)
@@ -763,6 +765,7 @@ def test_a_study_with_its_share_of_configs_in_flight_lets_the_compile_processes_
 
     search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
     search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search.retired = {}
     search._write_best = lambda lane: None
     cap = tuning.IN_FLIGHT_PER_STUDY
     first, second = (tuning.Lane(order, None, f"study {order}", None, None, {}, left=50, start_measured=0, tried=[],
@@ -833,12 +836,43 @@ def test_a_worker_started_ahead_and_never_used_is_ended_without_waiting_for_its_
     assert proc.returncode == -signal.SIGKILL and worker.proc is None
 
 
+def _ask_here(spec: dict, seed: int, row: dict, recorder: str) -> dict:
+    """autotune.asking.ask, in the process of a pool that runs it, with that process's pid."""
+    import os
+
+    from autotune import asking
+
+    return {**asking.ask(spec, seed, row, recorder), "pid": os.getpid()}
+
+
+class _AskingPool:
+    """Compile processes as the search's pipeline sees them, each a spawned process that asks."""
+
+    def __init__(self, processes):
+        self.processes, self.pids, self.asks = processes, set(), 0
+
+    def __len__(self) -> int:
+        return len(self.processes)
+
+    def ask(self, index, spec, seed, row, recorder) -> dict:
+        self.asks += 1
+        answer = self.processes[index].submit(_ask_here, spec, seed, row, recorder).result()
+        self.pids.add(answer.pop("pid"))
+        return answer
+
+    def restarts(self, index) -> int:
+        return 0
+
+
 def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_over(storage_url, monkeypatch):
     """The pipeline's asks are made in the compile processes (autotune.asking), each process with its
-    own sampler, through the shared storage: every config measured once, the budget exact; the
-    invalid suggestions' rows reach this process's CSV, one per invalid trial in the storage; and each
-    config's trial becomes this process's (its owner and heartbeat), so a compile process restarted
-    later does not take the configs it handed out down with it."""
+    own sampler, through the shared storage: two processes asking at once, with configs in flight,
+    hand out each config once and exactly the budget (then WAIT, then None); the invalid
+    suggestions' rows reach this process's CSV, one per invalid trial of the storage, whose trials
+    are this process's to record; each config's trial becomes this process's (its owner and
+    heartbeat), so a compile process restarted later does not take the configs it handed out down
+    with it. A compile process that hangs or dies while asking is counted against it and, set
+    aside, asked no more; a trial reaped before it is taken over goes back to the sampler."""
     import multiprocessing
     from collections import Counter
     from concurrent.futures import ProcessPoolExecutor
@@ -858,36 +892,91 @@ def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_o
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler)
     runner = studies.StudyRunner(study, view, spec.budget, check,
                                  make_row=lambda config, result, number: {**config, **result, "trial": number})
-    search = tuning.Search.__new__(tuning.Search)  # what _ask uses of a search
-    search.lock, search.args, search.heartbeat = threading.Lock(), SimpleNamespace(seed=0), Heartbeat(storage)
-    search.failures_in_a_row, search.retired = Counter(), {}
+    search = tuning.Search.__new__(tuning.Search)  # what the pipeline's asking uses of a search
+    search.lock, search.heartbeat = threading.Lock(), Heartbeat(storage)
+    search.args = SimpleNamespace(seed=0, max_failures_in_a_row=2)
+    search.failures_in_a_row, search.retired, search.pool = Counter(), {}, [None]
+    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
     search.make_row = lambda job, name, baselines, config, result, number: {"study": name, **result}
     rows = []
     search.record = rows.append
-    lane = tuning.Lane(0, None, name, study, runner, {}, left=spec.budget, start_measured=0, tried=[], spec=spec)
-    measured = []
+    lane = tuning.Lane(0, None, name, study, runner, {}, left=spec.budget, start_measured=0, tried=[], spec=spec,
+                       activated=True, baselines_stored=True)
+    search.lanes = [lane]
+    handed_out, told = [], []
+
+    def tell(candidate):
+        assert runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + len(told)})
+        told.append(candidate)
+
+    spawn = multiprocessing.get_context("spawn")
     try:
-        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-            search.compilers = SimpleNamespace(
-                ask=lambda index, spec, seed, row: pool.submit(asking.ask, spec, seed, row).result())
-            while (candidate := search._ask(len(measured) % 2, lane)) is not None:
-                assert candidate is not studies.WAIT  # nothing in flight: a config is always free
+        with ProcessPoolExecutor(1, mp_context=spawn) as first, ProcessPoolExecutor(1, mp_context=spawn) as second:
+            search.compilers = pool = _AskingPool((first, second))
+
+            def compile_thread(index):  # four configs each, at once, none told
+                for _ in range(4):
+                    handed_out.append(search._ask(index, lane))
+
+            threads = [threading.Thread(target=compile_thread, args=(i,)) for i in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert len(pool.pids) == 2 and all(isinstance(c, studies.Candidate) for c in handed_out)
+            while (candidate := search._ask(len(handed_out) % 2, lane)) is not studies.WAIT:
+                assert isinstance(candidate, studies.Candidate)
+                handed_out.append(candidate)
+                tell(handed_out[len(told)])  # 8 in flight until the budget is handed out
+            assert len(handed_out) == 20 and len(told) == 12
+            for candidate in handed_out:
                 number = candidate.trial.number
                 trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
                 assert storage.get_trial(trial_id).user_attrs["owner"] == OWNER
-                assert search.heartbeat.ids[(name, number)] == trial_id
-                measured.append(candidate.config)
-                assert runner.complete(candidate, {"status": "ok", "time_ms": 1.0 + len(measured)})
+                assert search.heartbeat.ids.get((name, number)) in (None, trial_id)  # None: told already
+                if candidate not in told:
+                    tell(candidate)
+            assert search._ask(0, lane) is None
     finally:
         search.heartbeat.stop()
-    assert len(measured) == 20 and len({config_key(c) for c in measured}) == 20 and runner.measured() == 20
-    invalid = [t.number for t in study.get_trials() if t.user_attrs.get("status") == "invalid"]
-    assert sorted(row["trial"] for row in rows) == invalid and runner.invalid == len(invalid)
+    assert len({config_key(c.config) for c in handed_out}) == 20 and runner.measured() == 20
+    invalid = [t for t in study.get_trials() if t.user_attrs.get("status") == "invalid"]
+    assert sorted(row["trial"] for row in rows) == [t.number for t in invalid] and runner.invalid == len(invalid)
+    assert all(t.user_attrs["owner"] == OWNER for t in invalid)
     assert all(row["status"] == "invalid" and row["study"] == name and "BLOCK_M" in row for row in rows)
-    # A compile process that hangs or dies while asking: counted against it, the study asked again later.
-    search.compilers = SimpleNamespace(ask=lambda *a: {"ok": False, "status": "timeout", "error": "no answer"})
-    search.args.max_failures_in_a_row = 5
-    assert search._ask(1, lane) is studies.WAIT and search.failures_in_a_row[("compile", 1)] == 1
-    search.compilers = SimpleNamespace(ask=lambda *a: {"ok": False, "status": "ask_error", "error": "study x: gone"})
+
+    # A trial its compile process's death had failed before this process took it over.
+    lost = study.ask()
+    study.tell(lost, state=TrialState.FAIL)
+    search.compilers = SimpleNamespace(restarts=lambda index: 0, ask=lambda *a: {
+        "asked": "trial", "number": lost.number, "trial_id": lost._trial_id, "config": {"BLOCK_M": 16},
+        "rows": [], "invalid": 0, "reused": 0})
+    assert search._ask(0, lane) is studies.WAIT
+    # An ask that the storage or a changed space fails: the search stops, with the compile process's line.
+    search.compilers = SimpleNamespace(restarts=lambda index: 0,
+                                       ask=lambda *a: {"ok": False, "status": "ask_error", "error": "study x: gone"})
     with pytest.raises(SearchError, match="study x: gone"):
         search._ask(0, lane)
+
+    # A compile process started again after a hang asks with a sampler of another seed: with its
+    # predecessor's it would propose its predecessor's configs again.
+    seeds = []
+    for restarted in (0, 1):
+        search.compilers = SimpleNamespace(restarts=lambda index: restarted, ask=lambda index, spec, seed, *rest: (
+            seeds.append(seed), {"asked": "wait", "rows": [], "invalid": 0, "reused": 0})[1])
+        assert search._ask(0, lane) is studies.WAIT
+    assert seeds[0] != seeds[1]
+
+    # A compile process that hangs or dies while asking: counted against it, and once set aside
+    # (--max-failures-in-a-row 2 here) it is asked no more.
+    class Hanging(_AskingPool):
+        def ask(self, *args):
+            self.asks += 1
+            return {"ok": False, "status": "timeout", "error": "no answer within 600 s"}
+
+    search.compilers = hanging = Hanging((None, None))
+    lane.asks_over, lane.saturated_until = False, 0.0
+    assert search._next_work(1, False) == ("wait",) and search.failures_in_a_row[("compile", 1)] == 1
+    lane.saturated_until = 0.0
+    assert search._next_work(1, False) is None and ("compile", 1) in search.retired
+    assert search._next_work(1, False) is None and hanging.asks == 2
