@@ -980,3 +980,21 @@ def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_o
     lane.saturated_until = 0.0
     assert search._next_work(1, False) is None and ("compile", 1) in search.retired
     assert search._next_work(1, False) is None and hanging.asks == 2
+
+
+def test_a_storage_failure_while_a_compile_process_asks_is_one_line(monkeypatch):
+    """As the search process says it (autotune.search): the storage and what failed, without the
+    SQL, its parameters (a whole row's JSON) or SQLAlchemy's link."""
+    import sqlalchemy.exc
+
+    from autotune import asking, worker
+
+    def locked(*args):
+        raise sqlalchemy.exc.OperationalError("UPDATE trial_user_attributes SET value_json=?", ('{"row": 1}',),
+                                              Exception("database is locked"))
+
+    monkeypatch.setattr(asking, "ask", locked)
+    answer = worker.Runner().ask({"spec": {"storage": "sqlite:///tuning.db"}, "sampler_seed": 0, "row": {},
+                                  "recorder": OWNER})
+    assert answer == {"ok": False, "status": "ask_error",
+                      "error": "--storage sqlite:///tuning.db: (builtins.Exception) database is locked"}
