@@ -1,9 +1,9 @@
 """A study's asks made in a compile process, through the storage the search shares.
 
-An ask is the search process's dearest work: the sampler, then a dozen round trips to the storage
-(the trial, its parameters, the claim) and reads of the study's trials, 25-45 ms of one core each
+An ask is a trial's dearest bookkeeping: the sampler, then a dozen round trips to the storage (the
+trial, its parameters, the claim) and reads of the study's trials, 25-45 ms of one core each
 (experiments/FINDINGS.md, "Tuner pipeline: compile pool and timing process"). Made by the search
-process for every compile process, they capped the pipeline near 12 trials a second on the H200
+process for every compile process, the asks capped the pipeline near 12 trials a second on the H200
 whatever its cores. So each compile process asks for the configs it is about to compile itself,
 as the processes of several machines already share a study: StudyRunner's claims keep the budget
 exact and no config measured twice whichever process asks, and each process opens the study once,
