@@ -12,3 +12,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def results_dir(device: str | None = None) -> Path:
     """The results folder of `device`, this machine's by default."""
     return RESULTS / (device or device_slug())
+
+
+def write_results(rows: list[dict], name: str) -> Path:
+    """`rows` as this machine's results file `name` (replacing it), said on stdout."""
+    import pandas as pd
+
+    out = results_dir() / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out, index=False)
+    print(f"rows: {out}")
+    return out

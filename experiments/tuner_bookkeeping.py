@@ -39,14 +39,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
-import pandas as pd
 
 from autotune import asking, search
 from autotune.evaluate import host_cores
 from autotune.plan import build_plan
 from autotune.studies import WAIT
 from autotune.tuning import Search
-from experiments.paths import results_dir
+from experiments.paths import write_results
 from kernels_core.provenance import provenance
 
 
@@ -214,10 +213,7 @@ def main(argv=None) -> int:
                   f"{row['cpu_ms_per_trial']} ms of the search process's CPU a trial and "
                   f"{row['ask_cpu_ms_per_trial']} of the ask processes', the timing lane busy "
                   f"{row['lane_busy']:.0%}, {row['asks_answered_wait']} asks answered WAIT", flush=True)
-    out = results_dir() / "tuner_bookkeeping.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out, index=False)
-    print(f"rows: {out}")
+    write_results(rows, "tuner_bookkeeping.csv")
     return 0
 
 
