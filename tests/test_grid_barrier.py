@@ -1,9 +1,11 @@
 """The grid barrier of experiments/grid_barrier.py, both twins': under Triton's interpreter (one
 program: the interpreter runs a grid's programs one after another, so more would wait for ever),
-in the CUDA twin's SASS (nvcc offline), and on a GPU at 2 programs an SM, where every program
-must arrive at every barrier exactly once."""
+in the Triton twin's PTX and the CUDA twin's SASS (compiled offline for sm_90), and on a GPU at 2
+programs an SM, where every program must arrive at every barrier exactly once."""
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from experiments import grid_barrier
 from tests.test_wgmma import _cuobjdump
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 
@@ -21,6 +24,29 @@ def test_the_triton_barrier_counts_each_program_once_a_round():
     counter = torch.zeros(1, dtype=torch.int32)
     grid_barrier.barrier_rounds[(1,)](counter, 7)
     assert counter.item() == 7
+
+
+_TRITON_PTX = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from experiments.grid_barrier import barrier_rounds
+source = ASTSource(fn=barrier_rounds, signature={"counter_ptr": "*i32", "rounds": "i32"}, constexprs={}, attrs={})
+print(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
+"""
+
+
+def test_the_triton_barrier_arrives_with_release_and_waits_with_acquire_at_gpu_scope():
+    """Compiled for sm_90 in a process of its own (the interpreter and the compiler cannot share
+    one): the arrival a GPU-scope release atomic, the poll a GPU-scope acquire after it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = subprocess.run([sys.executable, "-c", _TRITON_PTX], check=True, capture_output=True, text=True,
+                         env=env, cwd=ROOT).stdout
+    ops = [line.split()[1] if line.strip().startswith("@") else line.split()[0]
+           for line in ptx.splitlines() if line.strip() and not line.strip().startswith("//")]
+    arrive = next(i for i, op in enumerate(ops) if op.startswith(("red.", "atom.")) and ".gpu" in op
+                  and ".release" in op and ".add" in op)
+    assert any(".gpu" in op and ".acquire" in op for op in ops[arrive + 1:]), ops
 
 
 @needs_nvcc
