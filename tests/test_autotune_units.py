@@ -998,3 +998,31 @@ def test_a_storage_failure_while_a_compile_process_asks_is_one_line(monkeypatch)
                                   "recorder": OWNER})
     assert answer == {"ok": False, "status": "ask_error",
                       "error": "--storage sqlite:///tuning.db: (builtins.Exception) database is locked"}
+
+
+def test_a_compile_process_keeps_one_connection_to_a_database_server(postgres_server, monkeypatch):
+    """PostgreSQL serves 100 connections at once by default, and a host's search has a compile
+    process a core: each keeps one open, its heartbeat's thread and its asks taking turns."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from autotune import asking
+
+    monkeypatch.setenv("AUTOTUNE_BACKENDS", "fake=tests.fake_backend")
+    url = postgres_server.new_database()
+    name = "cpu:matmul:fake:fp32:8x8x8"
+    search_storage = open_storage(url)
+    optuna.create_study(study_name=name, storage=search_storage)
+    search_storage.engine.dispose()  # the search's own pool, closed: what is left open is the asker's
+    spec = asking.StudySpec(url, name, name, "cpu", "fake", "matmul", "fp32", lower_precision=False,
+                            sampler="random", budget=20, ordinal=False, parallel=True)
+    asker = asking.Asker()
+    try:
+        answers = [asker.ask(spec, 1, {"study": name}, OWNER)["asked"] for _ in range(10)]
+        assert answers.count("trial") == 10
+        with psycopg.connect(host=postgres_server.folder, user="postgres", dbname="postgres", autocommit=True) as c:
+            open_now = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                 (make_url(url).database,)).fetchone()[0]
+        assert open_now == 1
+    finally:
+        asker.heartbeat.stop()
