@@ -23,6 +23,7 @@ later loads after everyone's: what a phase's outputs need to be read by the next
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import pandas as pd
@@ -68,6 +69,7 @@ def barrier_rounds(counter_ptr, rounds):
         tl.debug_barrier()
 
 
+@functools.cache  # one NVRTC compile for every grid measured
 def _cuda_launcher():
     import cupy
     import numpy as np
