@@ -202,8 +202,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, default in SEARCH_ONLY.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
-    args.storage = args.storage or f"sqlite:///{args.out / 'tuning.db'}"  # one --out root holds every output
+    args.storage = _anchored(args.storage or f"sqlite:///{args.out / 'tuning.db'}")  # one --out root holds every output
     return args
+
+
+def _anchored(url: str) -> str:
+    """A SQLite URL whose file is named relative to here, made absolute: the compile and timing
+    processes run in the repository's directory, and must open the search's database, not their own."""
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # opening it says what is wrong
+        return url
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return url
+    return parsed.set(database=str(Path(parsed.database).expanduser().absolute())).render_as_string(hide_password=False)
 
 
 def _in_memory(url: str) -> bool:

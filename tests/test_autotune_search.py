@@ -201,6 +201,26 @@ def test_the_compile_pool_compiles_each_config_once_and_the_timing_process_none(
 
 
 @pytest.mark.slow  # the tuner in subprocesses
+def test_the_default_out_and_storage_work_from_any_directory_through_the_compile_pool(tmp_path):
+    """As a user types it: no --out, no --storage, run from their own directory. The compile processes,
+    which run in the repository's directory and ask the studies for configs, open the search's
+    database under ./experiments, not one of their own."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [sys.executable, "-m", "autotune.search", "--target", "cpu", "--backends", "fake", "--ops", "matmul",
+            "--dtypes", "fp32", "--shapes", "16x16x16,8x24x40", "--sampler", "random", "--trials", "4",
+            "--workers", "2"]
+    done = subprocess.run(argv, cwd=work, env=env(FAKE_COMPILE_S="0.05", FAKE_CACHE_DIR=str(cache), PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = counted(pd.read_csv(work / "experiments" / "cpu" / "trials.csv"))
+    assert rows.groupby("study").size().tolist() == [4, 4] and set(rows["status"]) == {"ok"}
+    assert (work / "experiments" / "tuning.db").is_file()
+
+
+@pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_after_sigkill_redoes_nothing(tmp_path, workers):
     args = ["--target", "cpu", "--backends", "fake", "--ops", "matmul", "--dtypes", "fp32",
