@@ -49,9 +49,14 @@
 //    = 1 rounds each fragment register to TF32 (cvt.rna: to nearest, ties away) and takes one
 //    product: about 2^-11 relative error per product, a lower precision. TF32 = 3 (3xTF32) splits
 //    each register as it leaves shared memory, x = big + small with big = tf32(x) and small =
-//    tf32(x - big), and sums small * big + big * small + big * big in the fp32 accumulators:
-//    what it drops is at most 3 * 2^-22 |a||b| per product, below the fp32 sum's error past small K,
-//    and infinities and NaNs come out as IEEE's (kernels_triton/matmul.py's docstring has both). Three times the mmas of TF32 = 1 on
+//    tf32(x - big), and sums small * big + big * small + big * big: what it drops is at most
+//    3 * 2^-22 |a||b| per product, below the fp32 sum's error past small K, and infinities and
+//    NaNs come out as IEEE's (kernels_triton/matmul.py's docstring has both). The three products
+//    of each k8 step are summed from zero and added to the fp32 accumulators outside the tensor
+//    cores: an mma adds into its accumulator rounding toward zero, and over K / 8 steps that
+//    bias, not the split, set the error (2.9e-5 of the result's norm at 4096^3 on the H200,
+//    against 1e-6 for fp32 on the FMA units; experiments/FINDINGS.md, "fp32 on TF32 tensor
+//    cores"). Three times the mmas of TF32 = 1 on
 //    the same tile, about a third of the tensor cores' TF32 rate, which is several times the
 //    FMA units' fp32. Where k is the tiles' contiguous dimension ldmatrix still gives the
 //    fragments (mma_stage); where it runs along their rows each register is a 32-bit shared load.
@@ -420,7 +425,8 @@ struct TcBlock {
     // rounding per mma; experiments/FINDINGS.md, "Tensor-core kernel: the main loop at 32 x N").
     // So these tiles sum in another order than larger ones: the same bits are promised only
     // between tiles of one order (tests/test_cuda_host_side.py: summation_order mirrors this rule).
-    static constexpr bool TWO_SETS = !ACC16 && MT * NT <= 2;
+    // 3xTF32 has no such chain: each k8 step sums its products apart and adds them in one fp32 add.
+    static constexpr bool TWO_SETS = !ACC16 && TF32 != 3 && MT * NT <= 2;
     // A tile: rows m, cols k when k is contiguous, else rows k, cols m (same for B with n).
     typedef TcTile<A_KC ? BM : BK, (A_KC ? BK : BM) * EH, VA, T, A_ROWS, EH> TileA;  // rows: m when A_KC, else k
     typedef TcTile<B_KC ? BN : BK, (B_KC ? BK : BN) * EH, VB, T, 0, EH> TileB;
@@ -547,7 +553,7 @@ struct TcBlock {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) bf[j][e] = to_tf32(bf[j][e]);
-            } else if constexpr (TF32 == 3) {  // 3xTF32: small * big and big * small, then big * big below
+            } else if constexpr (TF32 == 3) {
                 u32 a_small[MT][4], b_small[NT][2];
 #pragma unroll
                 for (int i = 0; i < MT; ++i)
@@ -557,8 +563,23 @@ struct TcBlock {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) split_tf32(bf[j][e], bf[j][e], b_small[j][e]);
-                mma_tiles(a_small, bf);
-                mma_tiles(af, b_small);
+                // The step's three products sum from zero on the tensor cores, small ones first, and
+                // join the accumulator through an fp32 add that rounds to nearest: the tensor cores
+                // add into their accumulator rounding toward zero, a bias that grows with K (the
+                // module comment).
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        Frag& c = TWO_SETS && kk / KH % 2 ? acc_odd[i][j] : acc[i][j];
+                        Frag step = {};
+                        mma_1688_tf32(step, a_small[i], bf[j]);
+                        mma_1688_tf32(step, af[i], b_small[j]);
+                        mma_1688_tf32(step, af[i], bf[j]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) c.v[e] += step.v[e];
+                    }
+                continue;
             }
             mma_tiles(af, bf);
         }

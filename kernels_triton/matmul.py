@@ -67,9 +67,15 @@ takes one product, about 2^-11 relative error per product, a lower precision
 the tuner tries only when asked. TF32 = 3 (3xTF32) splits each operand as it is
 loaded into a TF32 big part and the TF32-rounded rest, x = big + small with
 |small| <= 2^-11 |x|, and sums three TF32 products, small*big + big*small +
-big*big, smallest first, in the fp32 accumulator: what it drops (small*small,
-and small's own rounding) is at most 3 * 2^-22 |a||b| per product, so the
-error is dominated by the fp32 accumulation, as with TF32 = 0. Infinities and
+big*big, smallest first: what it drops (small*small, and small's own rounding)
+is at most 3 * 2^-22 |a||b| per product, so the error is dominated by the fp32
+accumulation, as with TF32 = 0. For that to hold, each k block's three products
+are summed from zero and added to the fp32 accumulator by an fp32 add, which
+rounds to nearest, as Triton's own "tf32x3" does: the tensor cores add into
+their accumulator rounding toward zero, a bias that grows with K, and summed in
+the accumulator over all of K it, not the split, set the error (2.9e-5 of the
+result's norm at 4096^3 on the H200, against 1e-6 on the FMA units;
+experiments/FINDINGS.md, "fp32 on TF32 tensor cores"). Infinities and
 NaNs come out as IEEE's: a non-finite x splits into big = +-1 and small = x,
 so a * b's three products are small_a*big_b (the infinity, or NaN where b is
 0, as inf * 0 is) and finite ones, where big = x with small = 0 would make
@@ -81,7 +87,7 @@ written out here (_to_tf32), not left to tl.dot's input_precision="tf32x3",
 so that Triton's interpreter, which multiplies in fp32 whatever the precision,
 computes the same parts and products as the GPU: the tests check the bound on
 the CPU. The GPU's TF32 products of exact TF32 parts are exact; only the
-tensor cores' accumulation differs from the interpreter's.
+tensor cores' sum within a k block differs from the interpreter's.
 """
 from __future__ import annotations
 
@@ -135,9 +141,10 @@ def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
     else:
         a_big, a_small = _split_tf32(a)
         b_big, b_small = _split_tf32(b)
-        acc = tl.dot(a_small, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)
-        acc = tl.dot(a_big, b_small, acc, input_precision="tf32", out_dtype=acc_dtype)
-        acc = tl.dot(a_big, b_big, acc, input_precision="tf32", out_dtype=acc_dtype)
+        step = tl.dot(a_small, b_big, input_precision="tf32", out_dtype=acc_dtype)
+        step = tl.dot(a_big, b_small, step, input_precision="tf32", out_dtype=acc_dtype)
+        step = tl.dot(a_big, b_big, step, input_precision="tf32", out_dtype=acc_dtype)
+        acc += step  # rounded to nearest, outside the tensor cores (the module docstring)
     return acc
 
 

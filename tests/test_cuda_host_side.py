@@ -572,13 +572,14 @@ def summation_order(cfg, accumulate="fp32"):
     """What fixes the order in which the tensor-core kernel sums an output's products: the k step
     (BLOCK_K), the slices of K (SPLIT_K), and whether the warp tile keeps a second set of
     accumulators for every other 16-wide k slice (matmul_tc.cu: TWO_SETS, warp tiles of one or two
-    16 x 8 mma tiles with fp32 accumulators). Configs of the same order promise the same bits; others
-    only agree within rounding."""
+    16 x 8 mma tiles with fp32 accumulators, bar 3xTF32's). Configs of the same order promise the
+    same bits; others only agree within rounding."""
     from kernels_cuda.matmul import warp_grid
 
     warps_m, warps_n = warp_grid(cfg)
     mma_tiles = cfg["BLOCK_M"] // warps_m // 16 * (cfg["BLOCK_N"] // warps_n // 8)
-    return cfg["BLOCK_K"], cfg["SPLIT_K"], 2 if accumulate == "fp32" and mma_tiles <= 2 else 1
+    two_sets = accumulate == "fp32" and cfg.get("TF32", 0) != 3 and mma_tiles <= 2
+    return cfg["BLOCK_K"], cfg["SPLIT_K"], 2 if two_sets else 1
 
 
 def test_every_staged_tile_has_a_fragment_tile_of_its_summation_order():

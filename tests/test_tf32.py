@@ -83,6 +83,20 @@ def test_matmul_3xtf32_within_the_fp32_bound(ops, device, rng, layout, split_k):
     assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance("fp32", k, device), f"config={config}")
 
 
+@pytest.mark.gpu  # the interpreter's sums round to nearest: only tensor cores can show the bias
+@pytest.mark.parametrize("tf32", [EXACT, SPLIT3])
+def test_matmul_over_a_long_k_stays_within_the_fp32_bound(ops, device, rng, tf32):
+    """Over a long K the fp32 bound grows like sqrt(K) (random signs) while a sum that always rounds
+    the same way errs like K: tensor cores add into their accumulator rounding toward zero, so 3xTF32
+    summed over the whole of K in the accumulator is off by about 2^-27 K of the result's norm
+    (2.9e-5 at 4096^3), 4 times the bound at this K, the same kernel adding each step's products to
+    its accumulator in fp32 within it. The exact kernel, here too, shows the bound is not too tight."""
+    m, n, k = 40, 33, 2**16 + 13
+    a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
+    config = pick(ops, "matmul", "fp32", device, rng, tf32=tf32)
+    assert_rel(ops.matmul(a, b, config=config), exact.matmul(a, b), tolerance("fp32", k, device), f"config={config}")
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # inf * 0, on purpose
 def test_3xtf32_keeps_ieee_infinities_nans_and_the_largest_finite_values(ops, device, rng):
     """As test_ops.test_matmul_nan_inf, in 3xTF32: a NaN in A gives its row NaN; an infinity meets B's
