@@ -160,9 +160,10 @@ def test_compile_only_with_no_compile_process_is_refused(capsys):
 
 
 @pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
-def test_a_storage_of_no_file_is_refused_with_what_to_pass(url, capsys):
+def test_a_storage_of_no_file_is_refused_with_what_to_pass(url, capsys, tmp_path, monkeypatch):
     refused(capsys, ["--storage", url], f"--storage {url}:", "memory", "sqlite:///PATH/tuning.db")
-    assert search.parse_args(["--storage", "sqlite:///runs/tuning.db"]).storage == "sqlite:///runs/tuning.db"
+    monkeypatch.chdir(tmp_path)  # a file named from here, which the compile processes (elsewhere) must find
+    assert search.parse_args(["--storage", "sqlite:///runs/tuning.db"]).storage == f"sqlite:///{tmp_path}/runs/tuning.db"
 
 
 # -- the storage URL is shown without its password -----------------------------------------
