@@ -10,6 +10,7 @@ float64.
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -83,18 +84,44 @@ def test_matmul_3xtf32_within_the_fp32_bound(ops, device, rng, layout, split_k):
     assert_rel(out, exact.matmul(a, b, bias=bias, activation="relu"), tolerance("fp32", k, device), f"config={config}")
 
 
+LONG_K = (40, 33, 2**16 + 13)  # m, n, k: a K long enough for a bias that grows like K to pass the bound
+
+
 @pytest.mark.gpu  # the interpreter's sums round to nearest: only tensor cores can show the bias
 @pytest.mark.parametrize("tf32", [EXACT, SPLIT3])
 def test_matmul_over_a_long_k_stays_within_the_fp32_bound(ops, device, rng, tf32):
-    """Over a long K the fp32 bound grows like sqrt(K) (random signs) while a sum that always rounds
-    the same way errs like K: tensor cores add into their accumulator rounding toward zero, so 3xTF32
-    summed over the whole of K in the accumulator is off by about 2^-27 K of the result's norm
-    (2.9e-5 at 4096^3), 4 times the bound at this K, the same kernel adding each step's products to
-    its accumulator in fp32 within it. The exact kernel, here too, shows the bound is not too tight."""
-    m, n, k = 40, 33, 2**16 + 13
+    """Over a long K the fp32 bound grows like sqrt(K) (random signs), while a sum that always rounds
+    the same way errs like K. Tensor cores add into their accumulator rounding toward zero: 3xTF32
+    carried in the accumulator over all of K erred 2.9e-5 at 4096^3, about 4 times the bound at this
+    K scaled up; each k step's products summed apart and added in fp32 stay within it (the model
+    below). The exact kernel, here too, shows the bound is not too tight."""
+    m, n, k = LONG_K
     a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
     config = pick(ops, "matmul", "fp32", device, rng, tf32=tf32)
     assert_rel(ops.matmul(a, b, config=config), exact.matmul(a, b), tolerance("fp32", k, device), f"config={config}")
+
+
+def test_the_long_k_bound_tells_a_sum_rounded_toward_zero_from_one_rounded_to_nearest(rng):
+    """The GPU test above, on a model of the two ways to accumulate: each k8 step's products summed
+    exactly (an mma's TF32 products are exact), then added to an fp32 accumulator rounding toward
+    zero (the tensor cores carrying it) or to nearest (an fp32 add). At LONG_K the first must fail
+    the bound, the second pass it well inside, or the GPU test could not tell the kernels apart."""
+    m, n, k = LONG_K
+    a = torch.randn((m, k), generator=rng, dtype=torch.float64).numpy()
+    b = torch.randn((k, n), generator=rng, dtype=torch.float64).numpy()
+    ref = a @ b
+    toward_zero, nearest = np.zeros((m, n), np.float32), np.zeros((m, n), np.float32)
+    for k0 in range(0, k, 8):
+        step = a[:, k0:k0 + 8] @ b[k0:k0 + 8]
+        exact_sum = toward_zero + step
+        rounded = exact_sum.astype(np.float32)
+        away = np.abs(rounded) > np.abs(exact_sum)
+        toward_zero = np.where(away, np.nextafter(rounded, np.float32(0)), rounded)
+        nearest = (nearest + step).astype(np.float32)
+    error = {name: np.linalg.norm(c - ref) / np.linalg.norm(ref) for name, c in
+             (("toward zero", toward_zero), ("nearest", nearest))}
+    bound = tolerance("fp32", k, "cuda")
+    assert error["toward zero"] > bound and error["nearest"] < bound / 4, (error, bound)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # inf * 0, on purpose
