@@ -73,7 +73,9 @@ def run(name: str, work: Path) -> dict:
         done = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     if done.returncode:
-        raise SystemExit(f"tuning_speed: {name} exited {done.returncode}; its output: {log}")
+        said = [line for line in log.read_text().splitlines() if line.strip()]
+        raise SystemExit(f"tuning_speed: {name} exited {done.returncode}: {said[-1] if said else 'no output'} "
+                         f"(its output: {log})")
     return {**provenance(), "run": name, "command": " ".join(["python", *argv]), "cache": cache,
             "wall_s": round(wall, 1), **summary_figures(log.read_text())}
 

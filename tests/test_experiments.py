@@ -321,6 +321,19 @@ def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_wi
         assert (row["parallel_retimed_ms"] > 0 and row["serial_retimed_ms"] > 0) if differ else row["ratio"] == 1.0
 
 
+def test_a_failed_tuning_speed_run_says_why_in_its_one_line(tmp_path, monkeypatch):
+    """A run that fails stops tuning_speed with the command's last line, not only the path of its log:
+    on a machine whose files do not come back, the line is all one sees."""
+    from experiments import tuning_speed
+
+    monkeypatch.setitem(tuning_speed.RUNS, "failing-cold",
+                        (["-c", "print('step 1'); print('autotune: error: no study here'); raise SystemExit(2)"],
+                         "failing", "cold"))
+    with pytest.raises(SystemExit) as stop:
+        tuning_speed.run("failing-cold", tmp_path)
+    assert "failing-cold exited 2: autotune: error: no study here" in str(stop.value)
+
+
 def test_tuning_speed_names_a_run_it_does_not_know_and_needs_a_gpu(capsys):
     from experiments import tuning_speed
 
