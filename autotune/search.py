@@ -206,24 +206,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+NO_FILE = (None, "", ":memory:")  # a SQLite URL's database where it names no file
+
+
 def _anchored(url: str) -> str:
     """A SQLite URL whose file is named relative to here, made absolute: the compile and timing
     processes run in the repository's directory, and must open the search's database, not their own."""
-    try:
-        parsed = make_url(url)
-    except (sqlalchemy.exc.ArgumentError, ValueError):  # opening it says what is wrong
-        return url
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    parsed = _sqlite(url)
+    if parsed is None or parsed.database in NO_FILE:
         return url
     return parsed.set(database=str(Path(parsed.database).expanduser().absolute())).render_as_string(hide_password=False)
 
 
 def _in_memory(url: str) -> bool:
+    parsed = _sqlite(url)
+    return parsed is not None and parsed.database in NO_FILE
+
+
+def _sqlite(url: str):
+    """`url` parsed, where it names a SQLite database; None for any other, or for no URL at all
+    (opening it says what is wrong)."""
     try:
         parsed = make_url(url)
-    except (sqlalchemy.exc.ArgumentError, ValueError):  # opening it says what is wrong
-        return False
-    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return None
+    return parsed if parsed.get_backend_name() == "sqlite" else None
 
 
 def check_out(out: Path) -> None:
