@@ -666,15 +666,23 @@ def test_grid_points_of_failed_trials_are_visited_again(tmp_path):
     assert seen[1] == seen[0] and sorted(seen[1:]) == [1, 2, 3, 4, 5]
 
 
+def _bare_search():
+    """A Search with the pipeline's bookkeeping alone: no pools, no storage, no studies."""
+    from autotune import tuning
+
+    search = tuning.Search.__new__(tuning.Search)
+    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search.retired = {}
+    return search
+
+
 def test_a_study_finishes_when_the_last_thread_asking_its_sampler_leaves():
     """Two compile threads ask one study for configs. One hears that its configs ran out while the
     other still waits for an answer, which then is WAIT (another process held the last slot of the
     budget): the study must finish as that second thread leaves, or nothing would ever finish it."""
     from autotune import tuning
 
-    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
-    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
-    search.retired = {}
+    search = _bare_search()
     written = []
     search._write_best = written.append
     inside, release = threading.Event(), threading.Event()
@@ -709,9 +717,7 @@ def test_a_study_whose_configs_left_are_all_in_flight_is_asked_again_only_once_o
     A WAIT that other processes' claims cause is looked at again on the clock."""
     from autotune import tuning
 
-    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
-    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
-    search.retired = {}
+    search = _bare_search()
     search._write_best = lambda lane: None
     lane = tuning.Lane(0, None, "study", None, None, {}, left=6, start_measured=0, tried=[], spec=None, activated=True,
                        baselines_stored=True, in_flight=4, counted=1, saturated_until=math.inf)
@@ -763,9 +769,7 @@ def test_a_study_with_its_share_of_configs_in_flight_lets_the_compile_processes_
     study instead; the first is asked again once one of its configs is told."""
     from autotune import tuning
 
-    search = tuning.Search.__new__(tuning.Search)  # the pipeline's bookkeeping alone: no pools, no storage
-    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
-    search.retired = {}
+    search = _bare_search()
     search._write_best = lambda lane: None
     cap = tuning.IN_FLIGHT_PER_STUDY
     first, second = (tuning.Lane(order, None, f"study {order}", None, None, {}, left=50, start_measured=0, tried=[],
@@ -892,11 +896,10 @@ def test_compile_processes_ask_for_the_configs_and_the_search_takes_each_trial_o
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler)
     runner = studies.StudyRunner(study, view, spec.budget, check,
                                  make_row=lambda config, result, number: {**config, **result, "trial": number})
-    search = tuning.Search.__new__(tuning.Search)  # what the pipeline's asking uses of a search
+    search = _bare_search()  # and what its asking uses
     search.lock, search.heartbeat = threading.Lock(), Heartbeat(storage)
     search.args = SimpleNamespace(seed=0, max_failures_in_a_row=2)
-    search.failures_in_a_row, search.retired, search.pool = Counter(), {}, [None]
-    search.stop, search.cond, search.queue, search.ahead = threading.Event(), threading.Condition(), [], 4
+    search.failures_in_a_row, search.pool = Counter(), [None]
     search.make_row = lambda job, name, baselines, config, result, number: {"study": name, **result}
     rows = []
     search.record = rows.append
