@@ -56,9 +56,9 @@ STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInter
 def open_storage(url: str, *, one_connection: bool = False) -> optuna.storages.RDBStorage:
     """The Optuna storage at `url`, or a SearchError that says what is wrong with --storage.
     one_connection: the process keeps one connection to a database server open (a second only while
-    two of its threads, or Optuna's nested sessions, need one at once), as each of a search's
-    compile processes does: PostgreSQL serves 100 at once by default, and a host's search holds its
-    own pool's and one a compile process."""
+    two of its threads need one at once, or one storage call of Optuna's opens another inside it),
+    as each compile process does: PostgreSQL serves 100 at once by default, and a host's search
+    holds its own pool's and one for each compile process."""
     try:
         return _connect(url, {"pool_size": 1, "max_overflow": 1} if one_connection else {})
     except (*STORAGE_ERRORS, ImportError, RuntimeError, OSError, ValueError) as exc:
