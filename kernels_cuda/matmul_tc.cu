@@ -55,7 +55,7 @@
 //    of each k8 step are summed from zero and added to the fp32 accumulators outside the tensor
 //    cores: an mma adds into its accumulator rounding toward zero, and over K / 8 steps that
 //    bias, not the split, set the error (2.9e-5 of the result's norm at 4096^3 on the H200,
-//    against 1e-6 for fp32 on the FMA units; experiments/FINDINGS.md, "fp32 on TF32 tensor
+//    against 1.15e-6 for fp32 on the FMA units; experiments/FINDINGS.md, "fp32 on TF32 tensor
 //    cores"). Three times the mmas of TF32 = 1 on
 //    the same tile, about a third of the tensor cores' TF32 rate, which is several times the
 //    FMA units' fp32. Where k is the tiles' contiguous dimension ldmatrix still gives the

@@ -74,7 +74,7 @@ are summed from zero and added to the fp32 accumulator by an fp32 add, which
 rounds to nearest, as Triton's own "tf32x3" does: the tensor cores add into
 their accumulator rounding toward zero, a bias that grows with K, and summed in
 the accumulator over all of K it, not the split, set the error (2.9e-5 of the
-result's norm at 4096^3 on the H200, against 1e-6 on the FMA units;
+result's norm at 4096^3 on the H200, against 1.15e-6 on the FMA units;
 experiments/FINDINGS.md, "fp32 on TF32 tensor cores"). Infinities and
 NaNs come out as IEEE's: a non-finite x splits into big = +-1 and small = x,
 so a * b's three products are small_a*big_b (the infinity, or NaN where b is
