@@ -319,6 +319,18 @@ def test_the_tuners_summary_reads_back_and_tuning_speed_finds_each_studys_own_wi
         assert row["op"] == "matmul" and row["backend"] == "fake" and row["shape"] == study.rsplit(":", 2)[1] + ":nn"
         differ = row["parallel_config"] != row["serial_config"]
         assert (row["parallel_retimed_ms"] > 0 and row["serial_retimed_ms"] > 0) if differ else row["ratio"] == 1.0
+        assert row["within_3pct"] == (row["ratio"] <= 1.03) and row["serial_within_3pct"] == (row["ratio"] >= 1 / 1.03)
+
+
+def test_the_winners_summary_counts_each_direction_apart():
+    """A parallel winner 10% slower counts against the parallel run only, one 10% or 20% faster against
+    the serial run only; equal configs, and 2% apart, count for both."""
+    from experiments import tuning_speed
+
+    said = tuning_speed.winners_summary(pd.DataFrame({"ratio": [1.0, 1.1, 1 / 1.1, 1 / 1.2, 1.02]}))
+    assert "within 3% of the serial run's in 4 of 5 studies" in said
+    assert "the serial run's within 3% of the parallel run's in 3;" in said
+    assert "median 1.000 (range 0.833-1.100)" in said
 
 
 def test_a_failed_tuning_speed_run_says_why_in_its_one_line(tmp_path, monkeypatch):
