@@ -448,9 +448,17 @@ def test_fused_ops_refuse_bf16_before_sm80(fake_gpu, monkeypatch, rng):
 # What only this twin has, out of the shared tests' reach (tests/test_splitk.py draws its
 # configs from the smallest tiles, and fp16 accumulation is CUDA's alone).
 
+def mine(items, part: int, parts: int):
+    """(index, item) of the items a test's `part` of `parts` checks. A test that compiles dozens of
+    variants runs as several parts, so that pytest-xdist spreads its compiles over the workers of
+    a fresh machine: whole, the longest took 4 minutes of a 4-minute suite."""
+    return [(i, item) for i, item in enumerate(items) if i % parts == part]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("part", range(4))
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_splitk_configs_across_the_space(rng, dtype):
+def test_splitk_configs_across_the_space(rng, dtype, part):
     """A fixed sample of the space's SPLIT_K > 1 configs (tiles up to 128 x 128, 1 to 8 warps,
     BLOCK_K up to 128), each on a K no slice divides, in all four layouts, against float64."""
     import random
@@ -460,7 +468,7 @@ def test_splitk_configs_across_the_space(rng, dtype):
     sp = kc.space("matmul", dtype)
     configs = [c for c in sp.configs(DTYPES[dtype].itemsize, local_arch("cuda"))
                if c["SPLIT_K"] > 1 and sp.precision_of(c) is None]  # lower precisions: test_tf32
-    for i, cfg in enumerate(random.Random(f"splitk-{dtype}").sample(configs, 12)):
+    for i, cfg in mine(random.Random(f"splitk-{dtype}").sample(configs, 12), part, 4):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
         m, n, k = 150, 90, 1013 + 64 * i
         a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
@@ -469,8 +477,9 @@ def test_splitk_configs_across_the_space(rng, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("part", range(4))
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_wide_k_steps_across_the_layouts(rng, dtype):
+def test_wide_k_steps_across_the_layouts(rng, dtype, part):
     """The configs of the widest k steps of the spaces (SIMT: BLOCK_K 64 and 128 at
     the register rule's edge; tensor cores: BLOCK_K 128), a fixed sample, plain and split-K, in all
     four layouts with bias and ReLU, against float64; and every one-warp tensor-core tile at BLOCK_K
@@ -483,7 +492,7 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
     wide = 64 if dtype == "fp32" else 128
     configs = _fitting(kc.space("matmul", dtype), DTYPES[dtype].itemsize,
                        lambda c: c["BLOCK_K"] >= wide and not c.get("WGMMA"))
-    for i, cfg in enumerate(random.Random(f"wide-k-{dtype}").sample(configs, 8)):
+    for i, cfg in mine(random.Random(f"wide-k-{dtype}").sample(configs, 8), part, 4):
         trans_a, trans_b = bool(i % 2), bool(i // 2 % 2)
         # K below one k step, between, past several; rows of K = 10 and 330 (k-contiguous operands)
         # are read 4 bytes at a time, of 100 8 bytes, of 1013 2 (kernels_cuda/_runtime.py: pick_vec).
@@ -497,7 +506,7 @@ def test_wide_k_steps_across_the_layouts(rng, dtype):
                         lambda c: c["BLOCK_K"] == 128 and c["num_warps"] == 1 and c["SPLIT_K"] == 1
                         and c["GROUP_M"] == 1 and c["num_stages"] == 2)
     assert {(c["BLOCK_M"], c["BLOCK_N"]) for c in one_warp} >= {(32, 64), (64, 32), (16, 16)}
-    for cfg in one_warp:
+    for _, cfg in mine(one_warp, part, 4):
         a, b = matmul_operands(rng, 32, 128, 10, dtype, "cuda", False, True)
         check_matmul(kc, a, b, trans_b=True, config=cfg)
 
@@ -597,8 +606,9 @@ def test_every_staged_tile_has_a_fragment_tile_of_its_summation_order():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("part", range(2))
 @pytest.mark.parametrize("dtype", ("fp16", "bf16"))
-def test_tiles_of_one_summation_order_give_the_same_bits(rng, dtype):
+def test_tiles_of_one_summation_order_give_the_same_bits(rng, dtype, part):
     """The tensor-core kernel promises the same bits for the same inputs and config on every call,
     and across tile shapes wherever the summation order is the same (summation_order): tiles of
     more than 512 outputs go through shared memory to the epilogue, tiles of at most 512 straight
@@ -625,7 +635,7 @@ def test_tiles_of_one_summation_order_give_the_same_bits(rng, dtype):
 
     m, k = 77, 70
     pairs = [(config(*t), same_order(config(*t))) for t in STAGED_TILES + FRAGMENT_TILES[:2]]
-    for i, (cfg, fragments) in enumerate(pairs):
+    for i, (cfg, fragments) in mine(pairs, part, 2):
         n = (203, 200)[i % 2]
         trans_a, trans_b = ((False, False), (True, False), (False, True))[i % 3]
         a, b = matmul_operands(rng, m, n, k, dtype, "cuda", trans_a, trans_b)
@@ -652,7 +662,7 @@ def test_tiles_of_one_summation_order_give_the_same_bits(rng, dtype):
                                    layer[2:6] + layer[7:], again[2:6] + again[7:]):
             assert torch.equal(got, want), f"{name}, {cfg}, {fragments}"
 
-    for tile in ((64, 64, 4, 4), (128, 128, 4, 2), (16, 16, 1, 2)):  # split-K tiles are at most 128 x 128
+    for _, tile in mine(((64, 64, 4, 4), (128, 128, 4, 2), (16, 16, 1, 2)), part, 2):  # split-K: at most 128 x 128
         cfg = config(*tile, split_k=4)
         fragments = same_order(cfg)
         a, b = matmul_operands(rng, m, 203, 900, dtype, "cuda", False, False)
@@ -688,8 +698,9 @@ def _fitting(sp, elt, keep):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("part", range(3))
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_linear_cross_entropy_epilogue_across_the_space(rng, dtype):
+def test_linear_cross_entropy_epilogue_across_the_space(rng, dtype, part):
     """linear_cross_entropy over a sample of its space (split-K or not, 300 rows in many row
     tiles, a K no slice divides, label_rows with entries outside labels): loss and dlogits
     against float64 softmax cross-entropy of the logits matmul stores with the same config. Its
@@ -722,7 +733,7 @@ def test_linear_cross_entropy_epilogue_across_the_space(rng, dtype):
     picked = torch.where(inside, labels[label_rows.clamp(0, m + 49)], torch.zeros_like(label_rows))
     unit = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}[dtype]
     tiny = {"fp32": 2.0**-150, "fp16": 2.0**-25, "bf16": 2.0**-134}[dtype]
-    for cfg in configs:
+    for _, cfg in mine(configs, part, 3):
         loss, grad = kc.linear_cross_entropy(x, w, labels, bias=bias, label_rows=label_rows, config=cfg)
         z = kc.matmul(x, w, bias=bias, config=cfg).double()
         ref_loss, ref_grad = exact.softmax_cross_entropy(z, picked)
