@@ -206,3 +206,20 @@ def test_a_space_refuses_a_default_below_its_precision():
         Space(params=params, default={"BLOCK": 16, "TF32": 1}, lower_precision={"TF32": {1: "tf32"}})
     with pytest.raises(ValueError, match="outside the space"):
         Space(params=params, default={"BLOCK": 16, "TF32": 0}, emulated={"TF32": (3,)})
+
+
+def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(device, rng):
+    """experiments.tf32x3_split_ahead's kernels, which time 3xTF32 with its operands split once
+    before the GEMM: the pass gives a TF32 big part and a TF32 small part within 3xTF32's rounding
+    of x, and the GEMM on the parts of an irregular shape (edge tiles in M, N and K) stays within the
+    exact kernels' fp32 bound against float64."""
+    from experiments.tf32x3_split_ahead import split, split_ahead_matmul
+
+    m, n, k = 37, 45, 70
+    a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
+    big, small = split(a)
+    for part in (big, small):
+        assert not (part.view(torch.int32) & 0x1FFF).any()  # 10 mantissa bits: exact TF32 numbers
+    assert ((big.double() + small.double() - a.double()).abs() <= 2.0**-22 * a.double().abs()).all()
+    out = split_ahead_matmul(split(a), split(b), (16, 32, 16, 4, 2))
+    assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), "split ahead")

@@ -1,0 +1,172 @@
+"""3xTF32 with its operands split once, ahead of the GEMM: is the split what keeps it from 2x cuBLAS fp32?
+(a GPU machine)
+
+    python -m experiments.tf32x3_split_ahead [--size 4096] [--reps 20]
+
+Both twins' 3xTF32 split each operand tile as it is loaded: every k step, every tile of A and B
+becomes a TF32 big part and a small part (x = big + small) in registers, and three tensor-core
+products (small x big, big x small, big x big) are summed from zero and added to the fp32
+accumulator. On Hopper, Triton's wgmma reads B from shared memory, so B's parts make a round trip
+there every k step, outside the pipeline that prefetches the loads; and at 4096^3 with 128-wide
+tiles each element of A and B is split 32 times, once per tile that reads it. Split ahead, each
+element is split once (an elementwise pass: 2 x 64 MB read, 4 x 64 MB written, about 0.1 ms at
+4096^2 per operand pair), and the GEMM's tiles go from memory through the pipelined loads to the
+tensor cores as any TF32 GEMM's do, at twice the operand bytes (compute-bound at this size). The
+price elsewhere: at the trainer's shapes (M = 128 rows of activations against a weight of H x H)
+each weight element is read by one tile only, so there the pass is pure overhead.
+
+Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
+it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
+3xTF32 at its default tiles and at TILES, the split-ahead kernel below at TILES (its time with
+and without the split pass). Errors are norm-wise against float64 and must be no larger than
+cuBLAS fp32's on the same inputs for a 3xTF32 row to count.
+
+-> experiments/results/<gpu>/tf32x3_split_ahead.csv: kernel, tiles, ms (median; p20, p80), tflops,
+   vs_cublas_fp32, rel_err (cuBLAS fp32's is its row's), status (less_accurate: worse than cuBLAS fp32,
+   not timed), and the provenance columns.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from experiments.paths import write_results
+from kernels_triton.matmul import _split_tf32
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the tiles of large TF32 GEMMs on Hopper
+# (two consumer warpgroups of 64 rows, k slices of 32 fp32 = 128 bytes), and smaller ones.
+TILES = ((128, 128, 32, 8, 3), (128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 128, 32, 4, 4),
+         (128, 256, 16, 8, 4), (128, 128, 64, 8, 3))
+SPLIT_BLOCK = 4096
+
+
+@triton.jit
+def split_kernel(x_ptr, big_ptr, small_ptr, n, BLOCK: tl.constexpr):
+    """big, small = the 3xTF32 parts of x (the Triton twin's split, element by element)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    big, small = _split_tf32(tl.load(x_ptr + offs, mask=mask))
+    tl.store(big_ptr + offs, big, mask=mask)
+    tl.store(small_ptr + offs, small, mask=mask)
+
+
+@triton.jit
+def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """C = A @ B (row-major, contiguous) from A's and B's parts: each BLOCK_K's three products
+    summed from zero and added to the fp32 accumulator, as the twins sum them."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    first_m = pid // (GROUP_M * tiles_n) * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        a_mask = (offs_m[:, None] < M) & (ks[None, :] < K)
+        b_mask = (ks[:, None] < K) & (offs_n[None, :] < N)
+        a_at = offs_m[:, None] * K + ks[None, :]
+        b_at = ks[:, None] * N + offs_n[None, :]
+        ab, as_ = tl.load(a_big + a_at, mask=a_mask, other=0.0), tl.load(a_small + a_at, mask=a_mask, other=0.0)
+        bb, bs = tl.load(b_big + b_at, mask=b_mask, other=0.0), tl.load(b_small + b_at, mask=b_mask, other=0.0)
+        step = tl.dot(as_, bb, input_precision="tf32")
+        step = tl.dot(ab, bs, step, input_precision="tf32")
+        step = tl.dot(ab, bb, step, input_precision="tf32")
+        acc += step
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    big, small = torch.empty_like(x), torch.empty_like(x)
+    split_kernel[(triton.cdiv(x.numel(), SPLIT_BLOCK),)](x, big, small, x.numel(), BLOCK=SPLIT_BLOCK)
+    return big, small
+
+
+def split_ahead_matmul(a_parts, b_parts, tiles, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A @ B from split_ahead parts (contiguous, row-major) on `tiles` (a TILES entry)."""
+    (a_big, a_small), (b_big, b_small) = a_parts, b_parts
+    (m, k), n = a_big.shape, b_big.shape[1]
+    bm, bn, bk, warps, stages = tiles
+    out = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a_big.device)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             GROUP_M=8, num_warps=warps, num_stages=stages)
+    return out
+
+
+def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((c.double() - ref).norm() / ref.norm())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.tf32x3_split_ahead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=4096, help="M = N = K (default 4096)")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions a kernel (default 20)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("no CUDA device: the kernels are timed on a GPU")
+    from kernels_core.provenance import provenance
+    from kernels_core.timing import bench
+    from kernels_triton import matmul as triton_matmul
+
+    s = args.size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn((s, s), device="cuda", generator=gen) for _ in range(2))
+    ref = a.double() @ b.double()
+    flop = 2 * s ** 3
+    rows, prov = [], provenance()
+
+    def timed(kernel: str, tiles: str, fn, precise: bool = True) -> dict:
+        """fn's product checked against float64 (a 3xTF32 one `precise`: no worse than cuBLAS fp32's,
+        the first row), then timed; fn returning None is a pass with nothing to check."""
+        c = fn()
+        err = None if c is None else rel_err(c, ref)
+        row = {**prov, "kernel": kernel, "tiles": tiles, "rel_err": err, "size": s}
+        if precise and rows and err is not None and err > rows[0]["rel_err"]:
+            row["status"] = "less_accurate"
+        else:
+            t = bench(fn, reps=args.reps, max_seconds=10.0)
+            row.update(status="ok", ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
+                       tflops=flop / t.median_ms / 1e9)
+        rows.append(row)
+        print(f"{kernel:24} {tiles:20} {row.get('ms', float('nan')):8.3f} ms  rel_err "
+              f"{'-' if err is None else f'{err:.3g}'}  {row['status']}", flush=True)
+        return row
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    timed("cublas_fp32", "", lambda: a @ b)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    timed("cublas_tf32", "", lambda: a @ b, precise=False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    timed("split_pass", "", lambda: (split(a), split(b)) and None)
+    rows[-1]["tflops"] = None
+    timed("triton_twin_3xtf32", "default", lambda: triton_matmul(a, b, config={"TF32": 3}))
+    for tiles in TILES:
+        bm, bn, bk, warps, stages = tiles
+        label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
+        cfg = {"TF32": 3, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+        try:
+            timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
+        except ValueError as exc:  # a tile the twin's space refuses
+            print(f"triton_twin_3xtf32 {label}: refused ({exc})")
+        parts = (split(a), split(b))
+        timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
+        timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
+    base = rows[0]["ms"]
+    for row in rows:
+        row["vs_cublas_fp32"] = base / row["ms"] if row.get("ms") else None
+    write_results(rows, "tf32x3_split_ahead.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
