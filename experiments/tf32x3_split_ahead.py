@@ -23,7 +23,8 @@ cuBLAS fp32's on the same inputs for a 3xTF32 row to count.
 
 -> experiments/results/<gpu>/tf32x3_split_ahead.csv: kernel, tiles, ms (median; p20, p80), tflops,
    vs_cublas_fp32, rel_err (cuBLAS fp32's is its row's), status (less_accurate: worse than cuBLAS fp32,
-   not timed), and the provenance columns.
+   not timed; refused: a tile outside the twin's space; out_of_resources: more shared memory than the
+   GPU has), and the provenance columns.
 """
 from __future__ import annotations
 
@@ -37,10 +38,11 @@ import triton.language as tl
 from experiments.paths import write_results
 from kernels_triton.matmul import _split_tf32
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the tiles of large TF32 GEMMs on Hopper
-# (two consumer warpgroups of 64 rows, k slices of 32 fp32 = 128 bytes), and smaller ones.
-TILES = ((128, 128, 32, 8, 3), (128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 128, 32, 4, 4),
-         (128, 256, 16, 8, 4), (128, 128, 64, 8, 3))
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): tiles of large TF32 GEMMs on Hopper (two
+# warpgroups of 64 rows, k slices of 16 or 32 fp32) whose four operand parts fit shared memory
+# (227 KB: 128 x 256 x 32 on 3 stages wants 288 KB). A tile the twin's space or the GPU refuses
+# is a row that says so.
+TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128, 128, 16, 8, 4))
 SPLIT_BLOCK = 4096
 
 
@@ -125,10 +127,16 @@ def main(argv=None) -> int:
     flop = 2 * s ** 3
     rows, prov = [], provenance()
 
-    def timed(kernel: str, tiles: str, fn, precise: bool = True) -> dict:
+    def timed(kernel: str, tiles: str, fn, precise: bool = True) -> dict | None:
         """fn's product checked against float64 (a 3xTF32 one `precise`: no worse than cuBLAS fp32's,
         the first row), then timed; fn returning None is a pass with nothing to check."""
-        c = fn()
+        try:
+            c = fn()
+        except (ValueError, triton.runtime.errors.OutOfResources) as exc:  # the twin's space; shared memory
+            status = "refused" if isinstance(exc, ValueError) else "out_of_resources"
+            rows.append({**prov, "kernel": kernel, "tiles": tiles, "size": s, "status": status})
+            print(f"{kernel:24} {tiles:20} {status}: {str(exc).splitlines()[0]}", flush=True)
+            return None
         err = None if c is None else rel_err(c, ref)
         row = {**prov, "kernel": kernel, "tiles": tiles, "rel_err": err, "size": s}
         if precise and rows and err is not None and err > rows[0]["rel_err"]:
@@ -154,10 +162,7 @@ def main(argv=None) -> int:
         bm, bn, bk, warps, stages = tiles
         label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
         cfg = {"TF32": 3, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
-        try:
-            timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
-        except ValueError as exc:  # a tile the twin's space refuses
-            print(f"triton_twin_3xtf32 {label}: refused ({exc})")
+        timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
         parts = (split(a), split(b))
         timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
