@@ -17,9 +17,12 @@ each weight element is read by one tile only, so there the pass is pure overhead
 
 Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
 it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
-3xTF32 at its default tiles and at TILES, the split-ahead kernel below at TILES (its time with
-and without the split pass). Errors are norm-wise against float64 and must be no larger than
-cuBLAS fp32's on the same inputs for a 3xTF32 row to count.
+3xTF32 at its default tiles and at TILES, Triton's own tf32x3 at TILES, and the split-ahead kernel
+below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
+twins' rule), 2 or 4 k slices (SUMS), and with every product carried in one accumulator, the
+price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
+norm-wise against float64 and must be no larger than cuBLAS fp32's on the same inputs for a
+3xTF32 row to count.
 
 -> experiments/results/<gpu>/tf32x3_split_ahead.csv: kernel, tiles, ms (median; p20, p80), tflops,
    vs_cublas_fp32, rel_err (cuBLAS fp32's is its row's), status (less_accurate: worse than cuBLAS fp32,
@@ -44,6 +47,7 @@ from kernels_triton.matmul import _split_tf32
 # is a row that says so.
 TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128, 128, 16, 8, 4))
 SPLIT_BLOCK = 4096
+SUMS = (2, 4)  # k slices whose products the tensor cores sum before each fp32 add, beyond the twins' 1
 
 
 @triton.jit
@@ -57,10 +61,30 @@ def split_kernel(x_ptr, big_ptr, small_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """C = A @ B (row-major, contiguous) from A's and B's parts: each BLOCK_K's three products
-    summed from zero and added to the fp32 accumulator, as the twins sum them."""
+def _tiles(ptr_a, ptr_b, offs_m, offs_n, ks, M, N, K):
+    """The (BLOCK_M x BLOCK_K) tile of A and (BLOCK_K x BLOCK_N) tile of B at ks, zero outside."""
+    a = tl.load(ptr_a + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+    b = tl.load(ptr_b + ks[:, None] * N + offs_n[None, :], mask=(ks[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+    return a, b
+
+
+@triton.jit
+def _three(a_big, a_small, b_big, b_small, offs_m, offs_n, ks, M, N, K, acc):
+    """acc + the three TF32 products of one k slice's parts, in the tensor cores."""
+    ab, bb = _tiles(a_big, b_big, offs_m, offs_n, ks, M, N, K)
+    as_, bs = _tiles(a_small, b_small, offs_m, offs_n, ks, M, N, K)
+    acc = tl.dot(as_, bb, acc, input_precision="tf32")
+    acc = tl.dot(ab, bs, acc, input_precision="tf32")
+    return tl.dot(ab, bb, acc, input_precision="tf32")
+
+
+@triton.jit
+def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr):
+    """C = A @ B (row-major, contiguous) from A's and B's parts. SUM n >= 1: the products of n k
+    slices summed from zero in the tensor cores, then added to the fp32 accumulator (the twins sum
+    each slice's so, n = 1); 0: every product carried in the one accumulator (biased over a long K:
+    priced here, never used); -1: Triton's own tf32x3 on a_big and b_big given the fp32 operands."""
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * tiles_n) * GROUP_M
@@ -71,18 +95,23 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a_mask = (offs_m[:, None] < M) & (ks[None, :] < K)
-        b_mask = (ks[:, None] < K) & (offs_n[None, :] < N)
-        a_at = offs_m[:, None] * K + ks[None, :]
-        b_at = ks[:, None] * N + offs_n[None, :]
-        ab, as_ = tl.load(a_big + a_at, mask=a_mask, other=0.0), tl.load(a_small + a_at, mask=a_mask, other=0.0)
-        bb, bs = tl.load(b_big + b_at, mask=b_mask, other=0.0), tl.load(b_small + b_at, mask=b_mask, other=0.0)
-        step = tl.dot(as_, bb, input_precision="tf32")
-        step = tl.dot(ab, bs, step, input_precision="tf32")
-        step = tl.dot(ab, bb, step, input_precision="tf32")
-        acc += step
+    if SUM < 0:
+        for k0 in range(0, K, BLOCK_K):
+            a, b = _tiles(a_big, b_big, offs_m, offs_n, k0 + offs_k, M, N, K)
+            acc = tl.dot(a, b, acc, input_precision="tf32x3")
+    elif SUM == 0:
+        for k0 in range(0, K, BLOCK_K):
+            acc = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, acc)
+    else:
+        # One loop over the slices (slices unrolled SUM at a time would hold SUM times the pipeline's
+        # shared memory), the sum handed to the fp32 accumulator after every SUM-th.
+        step = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            step = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, step)
+            if (k0 // BLOCK_K) % SUM == SUM - 1:
+                acc += step  # rounded to nearest, outside the tensor cores
+                step = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        acc += step  # the last group's, where SUM does not divide the slices
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
@@ -92,16 +121,22 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return big, small
 
 
-def split_ahead_matmul(a_parts, b_parts, tiles, out: torch.Tensor | None = None) -> torch.Tensor:
-    """A @ B from split_ahead parts (contiguous, row-major) on `tiles` (a TILES entry)."""
+def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A @ B from split parts (contiguous, row-major) on `tiles` (a TILES entry), the fp32 add after
+    every `sum_every` k slices (split_ahead_kernel's SUM)."""
     (a_big, a_small), (b_big, b_small) = a_parts, b_parts
     (m, k), n = a_big.shape, b_big.shape[1]
     bm, bn, bk, warps, stages = tiles
     out = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a_big.device)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                             GROUP_M=8, num_warps=warps, num_stages=stages)
+                             GROUP_M=8, SUM=sum_every, num_warps=warps, num_stages=stages)
     return out
+
+
+def triton_tf32x3_matmul(a: torch.Tensor, b: torch.Tensor, tiles) -> torch.Tensor:
+    """A @ B by Triton's own `input_precision="tf32x3"` on the fp32 tiles, on `tiles`."""
+    return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1)
 
 
 def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
@@ -163,9 +198,15 @@ def main(argv=None) -> int:
         label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
         cfg = {"TF32": 3, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
         timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
+        timed("triton_tf32x3", label, lambda: triton_tf32x3_matmul(a, b, tiles))
         parts = (split(a), split(b))
         timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
+        for every in SUMS:
+            timed(f"split_ahead_sum_every_{every}", label, lambda: split_ahead_matmul(*parts, tiles, every))
+        # The price of the per-slice sum: every product carried in one accumulator, whose error over a
+        # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
+        timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
     base = rows[0]["ms"]
     for row in rows:
         row["vs_cublas_fp32"] = base / row["ms"] if row.get("ms") else None
