@@ -139,10 +139,6 @@ def triton_tf32x3_matmul(a: torch.Tensor, b: torch.Tensor, tiles) -> torch.Tenso
     return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1)
 
 
-def rel_err(c: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((c.double() - ref).norm() / ref.norm())
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tf32x3_split_ahead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,6 +147,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("no CUDA device: the kernels are timed on a GPU")
+    from autotune.workload import check_result
     from kernels_core.provenance import provenance
     from kernels_core.timing import bench
     from kernels_triton import matmul as triton_matmul
@@ -172,7 +169,7 @@ def main(argv=None) -> int:
             rows.append({**prov, "kernel": kernel, "tiles": tiles, "size": s, "status": status})
             print(f"{kernel:24} {tiles:20} {status}: {str(exc).splitlines()[0]}", flush=True)
             return None
-        err = None if c is None else rel_err(c, ref)
+        err = None if c is None else check_result([c], [ref])[0]  # norm-wise; inf for a NaN or Inf
         row = {**prov, "kernel": kernel, "tiles": tiles, "rel_err": err, "size": s}
         if precise and rows and err is not None and err > rows[0]["rel_err"]:
             row["status"] = "less_accurate"

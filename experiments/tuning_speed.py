@@ -131,22 +131,28 @@ def winners(work: Path, rounds: int, tuning: list[str] = TUNING[2:]) -> pd.DataF
                                         "tuning_speed")
                 med = [float(pd.Series(t).median()) for t in times]
                 row.update(parallel_retimed_ms=med[0], serial_retimed_ms=med[1], ratio=med[0] / med[1])
-            row["within_3pct"] = row["ratio"] <= 1 + WITHIN
-            row["serial_within_3pct"] = 1 / row["ratio"] <= 1 + WITHIN
+            row["within_3pct"], row["serial_within_3pct"] = within(row["ratio"])
             rows.append(row)
     finally:
         pool.close()
     return pd.DataFrame(rows)
 
 
+def within(ratio):
+    """Whether the parallel run's winner is within WITHIN of the serial run's, and the converse;
+    `ratio` (parallel / serial time) a number or a Series."""
+    return ratio <= 1 + WITHIN, 1 / ratio <= 1 + WITHIN
+
+
 def winners_summary(found: pd.DataFrame) -> str:
     """Both directions: at a dozen trials a study, which of two searches finds the better config is
     partly the luck of its draws, and that luck falls on both sides, where a pipeline that made the
     parallel search worse would show on one."""
-    n, ratio = len(found), found["ratio"]
+    ratio = found["ratio"]
+    parallel, serial = within(ratio)
     return (f"winners, re-timed side by side: the parallel run's within {WITHIN:.0%} of the serial run's in "
-            f"{int((ratio <= 1 + WITHIN).sum())} of {n} studies, the serial run's within {WITHIN:.0%} of the "
-            f"parallel run's in {int((1 / ratio <= 1 + WITHIN).sum())}; parallel / serial time median "
+            f"{int(parallel.sum())} of {len(found)} studies, the serial run's within {WITHIN:.0%} of the "
+            f"parallel run's in {int(serial.sum())}; parallel / serial time median "
             f"{ratio.median():.3f} (range {ratio.min():.3f}-{ratio.max():.3f})")
 
 
