@@ -23,10 +23,10 @@ On a GPU, in this order (a progress bar per stage, a summary at the end):
   report   plots, then the README's results section rewritten from this run's CSVs alone
            (experiments.report)
 
-The kernel and GEMM stages run every case `ROUNDS` times in turn: a table shows the median of the
-rounds and their range; a step time shows its median step and the 20th-80th percentiles of its
-steps. Both are spreads within the run; another run moves some figures further
-(experiments/FINDINGS.md, "The headline run").
+The kernel and GEMM stages run every case `ROUNDS` times, each round in a fresh process: a table
+shows the median of the rounds and their range; a step time shows its median step and the
+20th-80th percentiles of its steps. Both are spreads within the run; how far another run moved each
+kind of figure is in experiments/FINDINGS.md, "The headline run".
 
 The stages measure into <folder>.partial, which replaces the folder once every stage has finished
 ok: a run that fails or is stopped leaves the folder, and the README drawn from it, as they were.
@@ -203,14 +203,33 @@ def gemms_stage(p: Plan, cases, log) -> None:
     _bench(cases, None, p.folder / "trainer_gemms.csv", p.rounds, "gemms", log)
 
 
-def _bench(cases, copy_elements: int | None, out: Path, rounds: int, name: str, log) -> None:
+def _bench(cases, copy_elements: int | None, out: Path, rounds: int, name: str, log, measure_round=None) -> None:
+    """Every case `rounds` times, each round in a process of its own, one after another: a figure's range
+    then holds what moves between processes (where the allocator puts the inputs, which kernels the
+    caches hand back), which the rounds of one process hid (experiments/FINDINGS.md, "The headline run")."""
+    parts = []
+    with tqdm(total=len(cases) * rounds, desc=f"{name} ({rounds} processes)", unit="case") as bar:
+        for rep in range(rounds):
+            part = out.with_name(f"{out.stem}.round{rep}.csv")
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                pool.submit(measure_round or _bench_round, cases, copy_elements, part, LOG).result()
+            log(f"{name}: round {rep + 1} of {rounds} done")
+            bar.update(len(cases))
+            parts.append(pd.read_csv(part, dtype=str, keep_default_na=False).assign(rep=str(rep)))
+    pd.concat(parts).to_csv(out, index=False)
+    for rep in range(rounds):
+        out.with_name(f"{out.stem}.round{rep}.csv").unlink()
+
+
+def _bench_round(cases, copy_elements: int | None, out: Path, log_path: Path) -> None:
     from experiments import bench_kernels
     from kernels_core import backends as kernel_packages
     from kernels_core.reference import native
 
     backends = {"cuda": kernel_packages.load("cuda"), "triton": kernel_packages.load("triton"), "torch": native}
-    with tqdm(total=len(cases) * rounds, desc=name, unit="case") as bar:
-        bench_kernels.measure(cases, backends, copy_elements, out, rounds, log=log, done_one=bar.update)
+    with log_path.open("a") as log_file:
+        bench_kernels.measure(cases, backends, copy_elements, out, 1,
+                              log=lambda text: print(text, file=log_file, flush=True))
 
 
 def steps_stage(p: Plan, store_path: Path | None, log) -> None:

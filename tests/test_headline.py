@@ -225,3 +225,27 @@ def test_a_stopped_run_resumes_where_it_stopped_and_a_failed_stage_keeps_the_rea
     assert headline.main(["--quick", "--resume"]) == 0 and ran == ["steps"]  # a finished run: nothing new to measure
     ran.clear()
     assert headline.main(["--quick"]) == 0 and ran == ["compile", "kernels", "gemms", "steps", "tuning"]  # afresh
+
+
+def _fake_round(cases, copy_elements, out, log_path):
+    """A round as bench_kernels.measure writes it (rep 0, every case once), naming the process it ran in."""
+    import os
+
+    rows = [dict(group="ceiling", op="copy", gbps=copy_elements, rep="")]
+    rows += [dict(group="gemm", op=case, time_ms=os.getpid(), rep=0) for case in cases]
+    pd.DataFrame(rows).to_csv(out, index=False)
+
+
+def test_each_round_of_the_kernel_stages_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """What moves between processes must show in a figure's range, so no two rounds share one."""
+    monkeypatch.setattr(headline, "LOG", tmp_path / "headline.log")
+    out = tmp_path / "kernels.csv"
+    logged = []
+    headline._bench(["a", "b"], 7, out, 3, "kernels", logged.append, measure_round=_fake_round)
+    df = pd.read_csv(out, dtype={"rep": str})
+    assert df.groupby("rep").op.apply(list).to_dict() == {r: ["copy", "a", "b"] for r in "012"}
+    pids = df[df.group == "gemm"].groupby("rep").time_ms.unique()
+    assert all(len(p) == 1 for p in pids) and len({p[0] for p in pids}) == 3
+    assert (df.gbps[df.group == "ceiling"] == 7).all() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "kernels.csv"]  # the rounds' own files are gone
+    assert logged == [f"kernels: round {r} of 3 done" for r in (1, 2, 3)]
