@@ -17,7 +17,9 @@ each weight element is read by one tile only, so there the pass is pure overhead
 
 Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
 it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
-3xTF32 at its default tiles and at TILES, Triton's own tf32x3 at TILES, and the split-ahead kernel
+3xTF32 at its default tiles and at TILES, Triton's own tf32x3 at TILES, one plain TF32 product at TILES
+(Triton's TF32 rate on those tiles: three such products bound what a Triton 3xTF32 kernel can reach,
+timed whatever its error, which is TF32's), and the split-ahead kernel
 below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
 twins' rule), 2 or 4 k slices (SUMS), and with every product carried in one accumulator, the
 price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
@@ -80,11 +82,13 @@ def _three(a_big, a_small, b_big, b_small, offs_m, offs_n, ks, M, N, K, acc):
 
 @triton.jit
 def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr,
+                       PRECISION: tl.constexpr = "tf32x3"):
     """C = A @ B (row-major, contiguous) from A's and B's parts. SUM n >= 1: the products of n k
     slices summed from zero in the tensor cores, then added to the fp32 accumulator (the twins sum
     each slice's so, n = 1); 0: every product carried in the one accumulator (biased over a long K:
-    priced here, never used); -1: Triton's own tf32x3 on a_big and b_big given the fp32 operands."""
+    priced here, never used); -1: one Triton dot at PRECISION a slice, a_big and b_big given the fp32
+    operands."""
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * tiles_n) * GROUP_M
@@ -98,7 +102,7 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, BLOCK_M: 
     if SUM < 0:
         for k0 in range(0, K, BLOCK_K):
             a, b = _tiles(a_big, b_big, offs_m, offs_n, k0 + offs_k, M, N, K)
-            acc = tl.dot(a, b, acc, input_precision="tf32x3")
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
     elif SUM == 0:
         for k0 in range(0, K, BLOCK_K):
             acc = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, acc)
@@ -121,22 +125,24 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return big, small
 
 
-def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.Tensor | None = None,
+                       precision: str = "tf32x3") -> torch.Tensor:
     """A @ B from split parts (contiguous, row-major) on `tiles` (a TILES entry), the fp32 add after
-    every `sum_every` k slices (split_ahead_kernel's SUM)."""
+    every `sum_every` k slices (split_ahead_kernel's SUM; its PRECISION where that is -1)."""
     (a_big, a_small), (b_big, b_small) = a_parts, b_parts
     (m, k), n = a_big.shape, b_big.shape[1]
     bm, bn, bk, warps, stages = tiles
     out = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a_big.device)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                             GROUP_M=8, SUM=sum_every, num_warps=warps, num_stages=stages)
+                             GROUP_M=8, SUM=sum_every, PRECISION=precision, num_warps=warps, num_stages=stages)
     return out
 
 
-def triton_tf32x3_matmul(a: torch.Tensor, b: torch.Tensor, tiles) -> torch.Tensor:
-    """A @ B by Triton's own `input_precision="tf32x3"` on the fp32 tiles, on `tiles`."""
-    return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1)
+def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str) -> torch.Tensor:
+    """A @ B by one Triton dot a k slice at `input_precision=precision` ("tf32x3", Triton's own
+    3xTF32, or "tf32") on the fp32 tiles, on `tiles`."""
+    return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision)
 
 
 def main(argv=None) -> int:
@@ -195,7 +201,8 @@ def main(argv=None) -> int:
         label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
         cfg = {"TF32": 3, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
         timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
-        timed("triton_tf32x3", label, lambda: triton_tf32x3_matmul(a, b, tiles))
+        timed("triton_tf32x3", label, lambda: triton_dot_matmul(a, b, tiles, "tf32x3"))
+        timed("triton_tf32", label, lambda: triton_dot_matmul(a, b, tiles, "tf32"), precise=False)
         parts = (split(a), split(b))
         timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))

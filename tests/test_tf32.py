@@ -213,8 +213,9 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
     before the GEMM: the pass gives a TF32 big part and a TF32 small part within 3xTF32's rounding
     of x, and the GEMM on the parts of an irregular shape (edge tiles in M, N and K) stays within the
     exact kernels' fp32 bound against float64, whichever number of k slices its tensor cores sum
-    before each fp32 add; so does Triton's own tf32x3 beside it."""
-    from experiments.tf32x3_split_ahead import split, split_ahead_matmul, triton_tf32x3_matmul
+    before each fp32 add; so does Triton's own tf32x3 beside it, and its one plain TF32 product stays
+    within TF32's bound (the interpreter multiplies it in fp32)."""
+    from experiments.tf32x3_split_ahead import split, split_ahead_matmul, triton_dot_matmul
 
     m, n, k = 37, 45, 70
     a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
@@ -226,5 +227,7 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
     for every in (1, 2, 4, 0):  # K = 70 is 5 slices of 16: the sums of 2 and 4 end in a ragged group
         out = split_ahead_matmul(*parts, (16, 32, 16, 4, 2), every)
         assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), f"split ahead, a sum every {every}")
-    out = triton_tf32x3_matmul(a, b, (16, 32, 16, 4, 2))
+    out = triton_dot_matmul(a, b, (16, 32, 16, 4, 2), "tf32x3")
     assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), "Triton's own tf32x3")
+    out = triton_dot_matmul(a, b, (16, 32, 16, 4, 2), "tf32")
+    assert_rel(out, exact.matmul(a, b), 2 * 2.0**-11 + tolerance("fp32", k, device), "one plain TF32 product")
