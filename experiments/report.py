@@ -240,24 +240,26 @@ def render(gpu: str) -> str:
 
 
 def figures(folder: Path) -> pd.DataFrame:
-    """Every figure of a headline folder with the spread it reports: (figure, median, lo, hi)."""
+    """Every figure of a headline folder with the spread it reports: (kind, figure, median, lo, hi)."""
     parts = []
     kernels = pd.read_csv(folder / "kernels.csv", dtype=AS_TEXT)
     kernels = kernels[kernels.status == "ok"]
-    for group, value in (("elementwise", "gbps"), ("gemm", "time_ms")):
+    for group, value, kind in (("elementwise", "gbps", "elementwise GB/s"), ("gemm", "time_ms", "square matmuls")):
         t = _rounds(kernels[kernels.group == group], ["op", "dtype", "shape", "backend", "config_label"], value)
-        parts.append(pd.DataFrame({"figure": [f"{group} {value} " + " ".join(map(str, k)) for k in
+        parts.append(pd.DataFrame({"kind": kind, "figure": [f"{group} {value} " + " ".join(map(str, k)) for k in
                                               zip(t.op, t.dtype, t["shape"], t.backend, t.config_label)],
                                    "median": t["median"], "lo": t.lo, "hi": t.hi}))
     gemms = pd.read_csv(folder / "trainer_gemms.csv", dtype=AS_TEXT)
     t = _rounds(gemms[(gemms.group == "trainer") & (gemms.status == "ok")], ["dtype", "shape", "backend", "config_label"],
                 "graph_ms")
-    parts.append(pd.DataFrame({"figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
+    parts.append(pd.DataFrame({"kind": "trainer GEMMs (graph replays)",
+                               "figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
                                           zip(t.dtype, t["shape"], t.backend, t.config_label)],
                                "median": t["median"], "lo": t.lo, "hi": t.hi}))
     for name in STEP_CSVS:
         df = pd.read_csv(folder / name, dtype=AS_TEXT)
-        parts.append(pd.DataFrame({"figure": [f"step_us {p} H={h} {v}" for p, h, v in zip(df.protocol, df.hidden, df.variant)],
+        parts.append(pd.DataFrame({"kind": "step, " + df.variant,
+                                   "figure": [f"step_us {p} H={h} {v}" for p, h, v in zip(df.protocol, df.hidden, df.variant)],
                                    "median": df.median_step_us, "lo": df.p20_step_us, "hi": df.p80_step_us}))
     return pd.concat(parts, ignore_index=True)
 
@@ -274,6 +276,17 @@ def rerun(first: Path, second: Path) -> pd.DataFrame:
     for column, folder in (("commit", first), ("commit_second", second)):
         both[column] = pd.read_csv(folder / "stages.csv", dtype=AS_TEXT).commit.iloc[0]
     return both
+
+
+def rerun_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per kind of figure, as rerun judged them: how many, how many within the first run's spread,
+    the median and largest move and the median spread, in %."""
+    g = table.groupby("kind", sort=False)
+    pct = lambda s: (100 * s).round(1)  # noqa: E731
+    return pd.DataFrame({"n": g.size(), "within": g.within_spread.sum(),
+                         "median move %": pct(g.moved.apply(lambda m: m.abs().median())),
+                         "largest move %": pct(g.moved.apply(lambda m: m.abs().max())),
+                         "median spread %": pct(g.spread.median())}).reset_index()
 
 
 def _spliced(gpu: str) -> tuple[str, str]:
@@ -303,8 +316,9 @@ def main(argv=None) -> int:
         out = results_dir(args.gpu) / "headline_rerun.csv"
         table.to_csv(out, index=False)
         print(f"{int(table.within_spread.sum())} of {len(table)} figures of {args.rerun} lie within the spread this "
-              f"run reports; the largest moves:\n"
-              + table.reindex(table.moved.abs().sort_values(ascending=False).index).head(8).to_string(index=False))
+              f"run reports:\n{rerun_summary(table).to_string(index=False)}\nthe largest moves:\n"
+              + table.reindex(table.moved.abs().sort_values(ascending=False).index).head(8)
+              .drop(columns="kind").to_string(index=False))
         print(f"wrote {out}")
         return 0
     try:

@@ -159,6 +159,20 @@ def test_a_rerun_is_judged_figure_by_figure_against_the_first_runs_spread(tmp_pa
     assert list(table.index[~table.within_spread]) == ["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default"]
 
 
+def test_a_reruns_summary_counts_each_kind_of_figure(tmp_path):
+    fake_run(tmp_path / "first")
+    fake_run(tmp_path / "second", twin_ms=(1.3, 4.0))  # one square matmul 30% slower, outside its 10%
+    summary = report.rerun_summary(report.rerun(tmp_path / "first", tmp_path / "second")).set_index("kind")
+    assert list(summary.index) == ["elementwise GB/s", "square matmuls", "trainer GEMMs (graph replays)",
+                                   "step, torch-eager", "step, torch-compile-graph", "step, cuda-tuned",
+                                   "step, triton-tuned"]
+    assert summary.n.tolist() == [1, 3, 3, 4, 4, 4, 4] and summary.within.tolist() == [1, 2, 3, 4, 4, 4, 4]
+    squares = summary.loc["square matmuls"]
+    assert (squares["median move %"], squares["largest move %"]) == (0.0, 30.0)
+    assert squares["median spread %"] == round(100 * (1.1 / 1.05 - 1), 1)  # rounds 1.0 and 1.1 about their median
+    assert summary.loc["step, cuda-tuned", "median spread %"] == pytest.approx(4.4)  # p80 2 µs above 45
+
+
 def test_resume_keeps_a_finished_runs_stages_and_refuses_another_commits(tmp_path):
     assert headline.resumable(tmp_path, "abc1234", "store.json") == {}
     pd.DataFrame([dict(stage="compile", seconds=30.0, status="ok", commit="abc1234", config_store="store.json"),
