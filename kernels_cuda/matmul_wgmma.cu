@@ -62,121 +62,26 @@
 // contiguous operands); a call that breaks it is refused as a config error, so the tuner prunes
 // the config for that shape and the mma.sync kernel takes it.
 #include "dtypes.cuh"
+#include "hopper.cuh"
 #include "ptx.cuh"
 #include "swizzle.cuh"
 
-// A CUtensorMap (cuda.h's opaque 128-byte, 64-byte aligned struct), passed by value as a
-// __grid_constant__ parameter so the TMA unit reads it from the kernel's parameter space.
-struct alignas(64) TmaMap {
-    u64 words[16];
-};
-
-// ---------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-
-// One box of a 2-D tensor map into shared memory, completing on `bar`; c0 indexes the contiguous
-// dimension.
-__device__ __forceinline__ void tma_load(u32 dst, const TmaMap* map, u32 bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-        ::"r"(dst), "l"(map), "r"(bar), "r"(c0), "r"(c1) : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// A shared-memory matrix descriptor: start address, leading and stride byte offsets (all in
-// 16-byte units, 14 bits each), 128-byte swizzle (mode 1 in bits 62-63).
-__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
-}
-
 // d (64 x N fp32 per warpgroup, N / 2 per thread) += A (64 x 16) * B (16 x N), both from shared
 // memory; TA / TB: the operand is MN-major. scale-d is 1: the accumulators start at zero.
-#define WGMMA_N64(TY)                                                                  \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                 \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                              \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"         \
-    "}, %32, %33, p, 1, 1, %35, %36; }\n"                                  \
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define WGMMA_N64(TY)                                                                           \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WGMMA_D32 ", %32, %33, p, 1, 1, %35, %36; }\n" \
+                 : WGMMA_OUT32(d) : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
-#define WGMMA_N128(TY)                                                                  \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"                                 \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                              \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"        \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"        \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"         \
-    "}, %64, %65, p, 1, 1, %67, %68; }\n"                                  \
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define WGMMA_N128(TY)                                                                          \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WGMMA_D64 ", %64, %65, p, 1, 1, %67, %68; }\n" \
+                 : WGMMA_OUT64(d) : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
-#define WGMMA_N256(TY)                                                                  \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"                                 \
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                              \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                  \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"        \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"        \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"        \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"        \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"        \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
-    "}, %128, %129, p, 1, 1, %131, %132; }\n"                                  \
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-    : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
-
+#define WGMMA_N256(TY)                                                                          \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %130, 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " WGMMA_D128 ", %128, %129, p, 1, 1, %131, %132; }\n" \
+                 : WGMMA_OUT128(d) : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
 template <int DT, int N, int TA, int TB>
 __device__ __forceinline__ void wgmma(float (&d)[N / 2], u64 da, u64 db) {
@@ -189,15 +94,6 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], u64 da, u64 db) {
         else if constexpr (N == 128) WGMMA_N128("f16");
         else WGMMA_N256("f16");
     }
-}
-
-// Pins the accumulators in place around a batch of wgmmas: their register writes are
-// asynchronous, which the compiler cannot see, so without this it may move the zeroing into a
-// batch (ptxas then serializes the wgmmas: warning C7515) or a read above the wait that ends it.
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // ---------------------------------------------------------------- kernel
@@ -227,15 +123,7 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
     const int ktiles = (K + BK - 1) / BK;
     const int wg = threadIdx.x / 128;
 
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (STAGES + s), CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    ring_barriers_init<STAGES>(bars, CONSUMERS);
 
     // Persistent: the grid is at most one block per SM and each block walks the tiles
     // blockIdx.x, blockIdx.x + gridDim.x, ... Producer and consumers count the same k slices
@@ -244,35 +132,25 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
     if (wg == 0) {
         // ------------------------------------------------ producer
         if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (threadIdx.x == 0) {
-            int it = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                int pid_m, pid_n;
-                swizzle_block<GROUP_M>(tile, tiles_m, tiles / tiles_m, pid_m, pid_n);
-                const int m0 = pid_m * BM, n0 = pid_n * BN;
-                for (int kt = 0; kt < ktiles; ++kt, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) + 1) & 1);
-                    const u32 full = bars + 8 * s;
-                    const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + A_BYTES;
-                    mbar_expect_tx(full, STAGE_BYTES);
-                    if constexpr (A_KC) {
-                        tma_load(a_dst, &map_a, full, kt * BK, m0);
-                    } else {
+        if (threadIdx.x == 0)
+            produce<STAGES, GROUP_M, BM, BN>(bars, tiles_m, tiles, ktiles, [&](int s, u32 full, int kt, int m0, int n0) {
+                const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + A_BYTES;
+                mbar_expect_tx(full, STAGE_BYTES);
+                if constexpr (A_KC) {
+                    tma_load(a_dst, &map_a, full, kt * BK, m0);
+                } else {
 #pragma unroll
-                        for (int j = 0; j < BM / 64; ++j)
-                            tma_load(a_dst + j * 8192, &map_a, full, m0 + 64 * j, kt * BK);
-                    }
-                    if constexpr (B_KC) {
-                        tma_load(b_dst, &map_b, full, kt * BK, n0);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < BN / 64; ++j)
-                            tma_load(b_dst + j * 8192, &map_b, full, n0 + 64 * j, kt * BK);
-                    }
+                    for (int j = 0; j < BM / 64; ++j)
+                        tma_load(a_dst + j * 8192, &map_a, full, m0 + 64 * j, kt * BK);
                 }
-            }
-        }
+                if constexpr (B_KC) {
+                    tma_load(b_dst, &map_b, full, kt * BK, n0);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < BN / 64; ++j)
+                        tma_load(b_dst + j * 8192, &map_b, full, n0 + 64 * j, kt * BK);
+                }
+            });
     } else {
         // ------------------------------------------------ consumers
         if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");

@@ -106,6 +106,15 @@ def test_maps_of_one_row_get_a_valid_stride():
     assert m.readable() and m.row_stride_bytes() == 80  # 66 bytes rounded up to 16
 
 
+def test_maps_of_32_bit_elements_count_four_bytes_an_element():
+    """The 3xTF32 wgmma kernel's fp32 operands: rows 4 x ld bytes apart, readable where that is a
+    multiple of 16 (ld a multiple of 4, where 16-bit rows need 8)."""
+    assert _tma.Map2D(0, 40, 36, 36, 128, 4).readable() and not _tma.Map2D(0, 40, 36, 36, 128).readable()
+    assert not _tma.Map2D(0, 40, 34, 34, 128, 4).readable()
+    assert _tma.Map2D(0, 40, 36, 36, 128, 4).row_stride_bytes() == 144
+    assert _tma.Map2D(0, 1, 33, 33, 128, 4).row_stride_bytes() == 144  # 132 bytes rounded up to 16
+
+
 # ----------------------------------------------------------------------------- offline builds
 
 
