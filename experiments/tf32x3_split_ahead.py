@@ -15,6 +15,10 @@ tensor cores as any TF32 GEMM's do, at twice the operand bytes (compute-bound at
 price elsewhere: at the trainer's shapes (M = 128 rows of activations against a weight of H x H)
 each weight element is read by one tile only, so there the pass is pure overhead.
 
+Then the same question for a CUDA kernel on Hopper's wgmma (kernels_cuda/matmul_wgmma_tf32x3.cu,
+sm_90a): the parts of A and of B^T (wgmma's tf32 form reads both operands k-major), three wgmmas a
+k8 step, the fp32 add after every 1 or 4 k slices (WGMMA_SUMS) or never, at WGMMA_TILES.
+
 Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
 it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
 3xTF32 at its default tiles and at TILES, Triton's own tf32x3 at TILES, one plain TF32 product at TILES
@@ -50,6 +54,10 @@ from kernels_triton.matmul import _split_tf32
 TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128, 128, 16, 8, 4))
 SPLIT_BLOCK = 4096
 SUMS = (2, 4)  # k slices whose products the tensor cores sum before each fp32 add, beyond the twins' 1
+# (BLOCK_M, BLOCK_N, stages, consumer warpgroups) of kernels_cuda/matmul_wgmma_tf32x3.cu, whose
+# stages hold the four parts of a 32-wide k slice: 2 x (BM + BN) x 128 bytes each, 192 KB here.
+WGMMA_TILES = ((128, 128, 3, 2), (128, 64, 4, 2), (64, 128, 4, 1))
+WGMMA_SUMS = (1, 4)  # its SUM: k slices a step accumulator takes before the fp32 add
 
 
 @triton.jit
@@ -145,6 +153,31 @@ def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str) -
     return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision)
 
 
+def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1) -> torch.Tensor:
+    """A @ B by kernels_cuda/matmul_wgmma_tf32x3.cu (sm_90a) from A's parts and B^T's (N x K), all
+    contiguous, on `tile` (a WGMMA_TILES entry), the fp32 add after every `sum_every` k slices
+    (0: one accumulator). Persistent, as matmul_wgmma.cu: no more blocks than fit at once."""
+    from kernels_cuda import _runtime as rt, _tma
+
+    (a_big, a_small), (b_big, b_small) = a_parts, bt_parts
+    (m, k), n = a_big.shape, b_big.shape[0]
+    bm, bn, stages, consumers = tile
+    maps = [rt.by_value(_tma.tensor_map(_tma.Map2D(t.data_ptr(), rows, k, t.stride(0), box, 4)))
+            for t, rows, box in ((a_big, m, bm), (a_small, m, bm), (b_big, n, bn), (b_small, n, bn))]
+    c = torch.empty((m, n), dtype=torch.float32, device=a_big.device)
+    pairs = int(n % 2 == 0 and c.data_ptr() % 8 == 0)
+    variant = rt.Variant("matmul_wgmma_tf32x3.cu", "matmul_wgmma_tf32x3_kernel",
+                         (bm, bn, stages, consumers, 8, sum_every, pairs), sm_suffix="a")
+    smem = stages * 2 * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
+    dev = a_big.device.index
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    resident = rt.sm_count(dev) * max(1, rt.device_props(dev)[1] // smem)
+    rt.launch(variant, dev, (min(tiles, resident), 1, 1), (128 * (consumers + 1), 1, 1),
+              (*maps, rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
+              for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every)))
+    return c
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tf32x3_split_ahead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,6 +244,27 @@ def main(argv=None) -> int:
         # The price of the per-slice sum: every product carried in one accumulator, whose error over a
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
         timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
+    # Last: a CUDA kernel that fails to build or launch stops the CUDA rows, not the run's CSV.
+    try:
+        if torch.cuda.get_device_capability() != (9, 0):
+            raise ValueError("matmul_wgmma_tf32x3.cu is built for sm_90a")
+        def transposed(x):  # B^T's parts: wgmma's tf32 form reads both operands k-major
+            return split(x.t().contiguous())
+
+        a_parts, bt_parts = split(a), transposed(b)
+        timed("wgmma_split_pass", "", lambda: (split(a), transposed(b)) and None)
+        rows[-1]["tflops"] = None
+        for tile in WGMMA_TILES:
+            label = "{}x{}x32 s{} c{}".format(*tile)
+            for every in WGMMA_SUMS:
+                name = "wgmma_tf32x3_gemm" if every == 1 else f"wgmma_tf32x3_sum_every_{every}"
+                timed(name, label, lambda: wgmma_tf32x3_matmul(a_parts, bt_parts, tile, every))
+            timed("wgmma_tf32x3_with_pass", label, lambda: wgmma_tf32x3_matmul(split(a), transposed(b), tile))
+            timed("wgmma_tf32x3_one_accumulator", label, lambda: wgmma_tf32x3_matmul(a_parts, bt_parts, tile, 0),
+                  precise=False)
+    except Exception as exc:  # noqa: BLE001  recorded as the row that failed
+        rows.append({**prov, "kernel": "wgmma_tf32x3", "size": s, "status": f"failed: {type(exc).__name__}: {exc}"[:300]})
+        print(rows[-1]["status"], flush=True)
     base = rows[0]["ms"]
     for row in rows:
         row["vs_cublas_fp32"] = base / row["ms"] if row.get("ms") else None

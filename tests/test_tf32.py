@@ -8,7 +8,11 @@ cores' accumulation; the CUDA twin's (matmul_tc.cu) runs in the `gpu` tests, its
 tests/test_cuda_compile.py. Inputs are fresh random draws with ragged shapes; references in
 float64.
 """
+import itertools
 import math
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -25,6 +29,7 @@ from kernels_triton.matmul import _to_tf32
 from tests.test_fused import pick
 from tests.test_ops import assert_rel, check_linear_ce, check_linear_sgd, randn, sgd_layer
 from tests.test_splitk import tolerance
+from tests.test_wgmma import _cuobjdump
 
 EXACT, SPLIT3, PLAIN = 0, 3, 1  # the TF32 tunable's values
 
@@ -231,3 +236,40 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
     assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), "Triton's own tf32x3")
     out = triton_dot_matmul(a, b, (16, 32, 16, 4, 2), "tf32")
     assert_rel(out, exact.matmul(a, b), 2 * 2.0**-11 + tolerance("fp32", k, device), "one plain TF32 product")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or _cuobjdump() is None, reason="needs nvcc and cuobjdump")
+def test_the_wgmma_3xtf32_probe_builds_to_tf32_hgmma_without_spills_or_serialization(tmp_path):
+    """experiments.tf32x3_split_ahead's CUDA kernel (kernels_cuda/matmul_wgmma_tf32x3.cu), at every
+    tile and sum it times, built for sm_90a: three HGMMA ... TF32 a k8 step (12 a 32-wide k slice,
+    the slices of a step unrolled), fed by TMA loads, no spills, and no wgmma that ptxas had to
+    serialize or wait on (C751x: an accumulator read while its wgmma may be in flight, say)."""
+    from experiments.tf32x3_split_ahead import WGMMA_SUMS, WGMMA_TILES
+    from kernels_cuda import _runtime as rt
+
+    kernels = {}
+    for (bm, bn, stages, consumers), every, pairs in itertools.product(WGMMA_TILES, (*WGMMA_SUMS, 0), (0, 1)):
+        expr = f"matmul_wgmma_tf32x3_kernel<{bm},{bn},{stages},{consumers},8,{every},{pairs}>"
+        kernels[expr] = (bn, max(every, 1))
+    refs = ",\n".join(f"(void*)&{e}" for e in kernels)
+    (tmp_path / "v.cu").write_text(f'#include "matmul_wgmma_tf32x3.cu"\nvoid* const kernel_refs[] = {{\n{refs}\n}};\n')
+    built = subprocess.run(["nvcc", "-std=c++17", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "--resource-usage",
+                            f"-I{rt.HERE}", "-o", str(tmp_path / "v.cubin"), str(tmp_path / "v.cu")],
+                           capture_output=True, text=True)
+    log = built.stdout + built.stderr
+    assert built.returncode == 0, log[-3000:]
+    assert "C751" not in log, [line for line in log.splitlines() if "C751" in line][:3]
+    assert log.count("0 bytes spill stores") == len(kernels), log[-2000:]
+    sass = subprocess.run([_cuobjdump(), "-sass", str(tmp_path / "v.cubin")], check=True, capture_output=True,
+                          text=True).stdout
+    per_kernel = sass.split("Function : ")[1:]
+    assert len(per_kernel) == len(kernels)
+    for text in per_kernel:
+        bn, slices = kernels[_demangled(text.split("\n")[0])]
+        assert text.count(f"HGMMA.64x{bn}x8.F32.TF32") == 12 * slices, text[:200]
+        assert "UTMALDG.2D" in text and "HMMA" not in text.replace("HGMMA", "")
+
+
+def _demangled(name: str) -> str:
+    """matmul_wgmma_tf32x3_kernel<...> from its mangled name (template arguments are ints: Li128E)."""
+    return "matmul_wgmma_tf32x3_kernel<" + ",".join(re.findall(r"Li(\d+)E", name)) + ">"
