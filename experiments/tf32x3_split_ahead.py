@@ -33,18 +33,21 @@ norm-wise against float64 and must be no larger than cuBLAS fp32's on the same i
 -> experiments/results/<gpu>/tf32x3_split_ahead.csv: kernel, tiles, ms (median; p20, p80), tflops,
    vs_cublas_fp32, rel_err (cuBLAS fp32's is its row's), status (less_accurate: worse than cuBLAS fp32,
    not timed; refused: a tile outside the twin's space; out_of_resources: more shared memory than the
-   GPU has), and the provenance columns.
+   GPU has; failed: the CUDA kernel did not build or launch, which ends its rows), and the provenance
+   columns; rewritten as each row is measured, so a run stopped part way keeps what it measured.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
+import pandas as pd
 import torch
 import triton
 import triton.language as tl
 
-from experiments.paths import write_results
+from experiments.paths import results_dir
 from kernels_triton.matmul import _split_tf32
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): tiles of large TF32 GEMMs on Hopper (two
@@ -153,6 +156,15 @@ def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str) -
     return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision)
 
 
+def keep_row(rows: list[dict], row: dict, out) -> None:
+    """A row measured: `out` rewritten with every row so far, each one's speed against the first's
+    (cuBLAS fp32's), so a run stopped later (a hung kernel, a time limit) keeps what it measured."""
+    rows.append(row)
+    base = rows[0].get("ms")
+    pd.DataFrame([{**r, "vs_cublas_fp32": base / r["ms"] if base and r.get("ms") else None}
+                  for r in rows]).to_csv(out, index=False)
+
+
 def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1) -> torch.Tensor:
     """A @ B by kernels_cuda/matmul_wgmma_tf32x3.cu (sm_90a) from A's parts and B^T's (N x K), all
     contiguous, on `tile` (a WGMMA_TILES entry), the fp32 add after every `sum_every` k slices
@@ -197,15 +209,20 @@ def main(argv=None) -> int:
     ref = a.double() @ b.double()
     flop = 2 * s ** 3
     rows, prov = [], provenance()
+    out = results_dir() / "tf32x3_split_ahead.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
 
-    def timed(kernel: str, tiles: str, fn, precise: bool = True) -> dict | None:
+    keep = partial(keep_row, rows, out=out)
+
+    def timed(kernel: str, tiles: str, fn, precise: bool = True, flops: bool = True) -> dict | None:
         """fn's product checked against float64 (a 3xTF32 one `precise`: no worse than cuBLAS fp32's,
-        the first row), then timed; fn returning None is a pass with nothing to check."""
+        the first row), then timed; fn returning None is a pass with nothing to check (`flops`
+        False: no product, no TFLOP/s)."""
         try:
             c = fn()
         except (ValueError, triton.runtime.errors.OutOfResources) as exc:  # the twin's space; shared memory
             status = "refused" if isinstance(exc, ValueError) else "out_of_resources"
-            rows.append({**prov, "kernel": kernel, "tiles": tiles, "size": s, "status": status})
+            keep({**prov, "kernel": kernel, "tiles": tiles, "size": s, "status": status})
             print(f"{kernel:24} {tiles:20} {status}: {str(exc).splitlines()[0]}", flush=True)
             return None
         err = None if c is None else check_result([c], [ref])[0]  # norm-wise; inf for a NaN or Inf
@@ -215,8 +232,8 @@ def main(argv=None) -> int:
         else:
             t = bench(fn, reps=args.reps, max_seconds=10.0)
             row.update(status="ok", ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                       tflops=flop / t.median_ms / 1e9)
-        rows.append(row)
+                       tflops=flop / t.median_ms / 1e9 if flops else None)
+        keep(row)
         print(f"{kernel:24} {tiles:20} {row.get('ms', float('nan')):8.3f} ms  rel_err "
               f"{'-' if err is None else f'{err:.3g}'}  {row['status']}", flush=True)
         return row
@@ -226,8 +243,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     timed("cublas_tf32", "", lambda: a @ b, precise=False)
     torch.backends.cuda.matmul.allow_tf32 = False
-    timed("split_pass", "", lambda: (split(a), split(b)) and None)
-    rows[-1]["tflops"] = None
+    timed("split_pass", "", lambda: (split(a), split(b)) and None, flops=False)
     timed("triton_twin_3xtf32", "default", lambda: triton_matmul(a, b, config={"TF32": 3}))
     for tiles in TILES:
         bm, bn, bk, warps, stages = tiles
@@ -252,8 +268,7 @@ def main(argv=None) -> int:
             return split(x.t().contiguous())
 
         a_parts, bt_parts = split(a), transposed(b)
-        timed("wgmma_split_pass", "", lambda: (split(a), transposed(b)) and None)
-        rows[-1]["tflops"] = None
+        timed("wgmma_split_pass", "", lambda: (split(a), transposed(b)) and None, flops=False)
         for tile in WGMMA_TILES:
             label = "{}x{}x32 s{} c{}".format(*tile)
             for every in WGMMA_SUMS:
@@ -263,12 +278,9 @@ def main(argv=None) -> int:
             timed("wgmma_tf32x3_one_accumulator", label, lambda: wgmma_tf32x3_matmul(a_parts, bt_parts, tile, 0),
                   precise=False)
     except Exception as exc:  # noqa: BLE001  recorded as the row that failed
-        rows.append({**prov, "kernel": "wgmma_tf32x3", "size": s, "status": f"failed: {type(exc).__name__}: {exc}"[:300]})
+        keep({**prov, "kernel": "wgmma_tf32x3", "size": s, "status": f"failed: {type(exc).__name__}: {exc}"[:300]})
         print(rows[-1]["status"], flush=True)
-    base = rows[0]["ms"]
-    for row in rows:
-        row["vs_cublas_fp32"] = base / row["ms"] if row.get("ms") else None
-    write_results(rows, "tf32x3_split_ahead.csv")
+    print(f"rows: {out}")
     return 0
 
 

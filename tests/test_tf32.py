@@ -273,3 +273,20 @@ def test_the_wgmma_3xtf32_probe_builds_to_tf32_hgmma_without_spills_or_serializa
 def _demangled(name: str) -> str:
     """matmul_wgmma_tf32x3_kernel<...> from its mangled name (template arguments are ints: Li128E)."""
     return "matmul_wgmma_tf32x3_kernel<" + ",".join(re.findall(r"Li(\d+)E", name)) + ">"
+
+
+def test_the_split_ahead_experiment_keeps_each_row_as_it_is_measured(tmp_path):
+    """Its CSV holds every row measured so far, each against the first (cuBLAS fp32), so a run a
+    hung kernel or a time limit stops keeps what it measured."""
+    import pandas as pd
+
+    from experiments.tf32x3_split_ahead import keep_row
+
+    rows, out = [], tmp_path / "rows.csv"
+    keep_row(rows, {"kernel": "cublas_fp32", "ms": 2.0}, out)
+    assert pd.read_csv(out).vs_cublas_fp32.tolist() == [1.0]
+    keep_row(rows, {"kernel": "slower", "ms": 4.0}, out)
+    keep_row(rows, {"kernel": "refused", "status": "refused"}, out)
+    df = pd.read_csv(out)
+    assert df.kernel.tolist() == ["cublas_fp32", "slower", "refused"]
+    assert df.vs_cublas_fp32.tolist()[:2] == [1.0, 0.5] and df.vs_cublas_fp32.isna().tolist()[2]
