@@ -265,6 +265,12 @@ def _precision(backend: str, case: Case, config: dict | None) -> str | None:
     return space.precision_of(space.with_defaults(config))
 
 
+def copy_ceiling(rows) -> float:
+    """A kernels CSV's device copy in GB/s (its `ok` rows): the median of the copies its rounds
+    measured, one a round."""
+    return rows[rows.op == "copy"].gbps.astype(float).median()
+
+
 def measure_copy(n: int, device) -> float:
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments import compare  # noqa: E402
-from experiments.bench_kernels import TORCH_TF32  # noqa: E402
+from experiments.bench_kernels import TORCH_TF32, copy_ceiling  # noqa: E402
 from experiments.paths import results_dir  # noqa: E402
 from experiments.report import load_compare  # noqa: E402
 from kernels_core.mlp import PROTOCOLS  # noqa: E402
@@ -128,7 +128,7 @@ def roofline(folder: Path) -> list[Path]:
     ok = df[df.status == "ok"]
     if (ok.op == "copy").sum() == 0:
         return []  # the ceiling is the copy measured in the same run
-    copy_gbps = ok[ok.op == "copy"].gbps.iloc[0]
+    copy_gbps = copy_ceiling(ok)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     ew = ok[ok.group == "elementwise"]
     labels = ew.op + " " + ew.backend + " " + ew.config_label.fillna("")

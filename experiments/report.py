@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import compare
-from experiments.bench_kernels import TORCH_IEEE, TORCH_TF32
+from experiments.bench_kernels import TORCH_IEEE, TORCH_TF32, copy_ceiling
 from experiments.paths import results_dir
 from kernels_core.provenance import AS_TEXT
 
@@ -81,7 +81,7 @@ def _us_range(median: float, lo: float, hi: float) -> str:
 def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
     ok = df[df.status == "ok"]
     ew = ok[ok.group == "elementwise"]
-    copy = ok[ok.group == "ceiling"].gbps.astype(float).median()  # measured once a round
+    copy = copy_ceiling(ok)
     ew = _rounds(ew, ["op", "backend", "config_label"], "gbps")
     ew_t = pd.DataFrame({"op": ew.op, "backend": ew.backend, "config": ew.config_label.str.replace("cuBLAS/", ""),
                          "GB/s (range of rounds)": [f"{m:.0f} ({lo:.0f}–{hi:.0f})" for m, lo, hi in

@@ -157,11 +157,12 @@ def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str) -
 
 
 def keep_row(rows: list[dict], row: dict, out) -> None:
-    """A row measured: `out` rewritten with every row so far, each one's speed against the first's
-    (cuBLAS fp32's), so a run stopped later (a hung kernel, a time limit) keeps what it measured."""
+    """A row measured: `out` rewritten with every row so far, each product's speed against the
+    first's (cuBLAS fp32's; a row without TFLOP/s, a split pass, has none), so a run stopped later (a
+    hung kernel, a time limit) keeps what it measured."""
     rows.append(row)
     base = rows[0].get("ms")
-    pd.DataFrame([{**r, "vs_cublas_fp32": base / r["ms"] if base and r.get("ms") else None}
+    pd.DataFrame([{**r, "vs_cublas_fp32": base / r["ms"] if base and r.get("tflops") is not None else None}
                   for r in rows]).to_csv(out, index=False)
 
 
@@ -173,6 +174,8 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1) -> torch.Te
 
     (a_big, a_small), (b_big, b_small) = a_parts, bt_parts
     (m, k), n = a_big.shape, b_big.shape[0]
+    if b_big.shape[1] != k or any(not t.is_contiguous() for t in (a_big, a_small, b_big, b_small)):
+        raise ValueError(f"A's parts {tuple(a_big.shape)} and B^T's {tuple(b_big.shape)} must be contiguous, K by K")
     bm, bn, stages, consumers = tile
     maps = [rt.by_value(_tma.tensor_map(_tma.Map2D(t.data_ptr(), rows, k, t.stride(0), box, 4)))
             for t, rows, box in ((a_big, m, bm), (a_small, m, bm), (b_big, n, bn), (b_small, n, bn))]

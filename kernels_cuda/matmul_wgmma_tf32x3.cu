@@ -5,8 +5,8 @@
 //   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/matmul_wgmma_tf32x3.cu
 //
 // The probe behind experiments.tf32x3_split_ahead's CUDA rows, not yet a kernel of the twin: can
-// three TF32 products on wgmma beat cuBLAS fp32 twice over at 4096^3? The Triton kernels run
-// their TF32 products at about 0.3 of cuBLAS TF32's rate whatever the split or the sum
+// three TF32 products on wgmma beat cuBLAS fp32 twice over at 4096^3? The Triton kernels reach
+// 0.76x of cuBLAS fp32 at best, neither the split nor the per-slice sum what holds them back
 // (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"); this one is matmul_wgmma.cu's pipeline
 // with tf32 operands.
 //
@@ -23,8 +23,8 @@
 //    accumulator that the first wgmma of its first slice starts from zero (scale-d 0), and once
 //    they are all done (wait_group 0: reading a step while any of its wgmmas is in flight would
 //    make ptxas serialize them, warning C7514) the consumer adds the step into the fp32
-//    accumulator, rounding to nearest. Between steps one group stays in flight as in
-//    matmul_wgmma.cu; at a step's end the warpgroup drains, and the other consumer's wgmmas keep
+//    accumulator, rounding to nearest. Between the slices of a step one group stays in flight as
+//    in matmul_wgmma.cu; at a step's end the warpgroup drains, and the other consumer's wgmmas keep
 //    the tensor cores busy (the promotion interval of CUTLASS's fp8 kernels, the same idea).
 //    SUM = 0: every product into the one accumulator (biased over a long K: priced, not used).
 //  - C is fp32, stored as 8-byte pairs where C_PAIRS (N even, C 8-byte aligned).
@@ -63,6 +63,7 @@ matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __gri
     static_assert(BK * 4 == 128, "one 128-byte swizzled row per k slice");
     static_assert(BM == 64 * CONSUMERS, "a consumer owns one m64 slab");
     static_assert(BN == 64 || BN == 128, "one wgmma spans the tile's columns");
+    static_assert(STAGES >= 2, "a slice is loaded while the one before is read");
 
     // Dynamic shared memory: the ring, 1024-aligned (the swizzle's period), then the barriers
     // full[0 .. STAGES) and empty[0 .. STAGES), 8 bytes each.

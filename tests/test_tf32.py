@@ -283,10 +283,11 @@ def test_the_split_ahead_experiment_keeps_each_row_as_it_is_measured(tmp_path):
     from experiments.tf32x3_split_ahead import keep_row
 
     rows, out = [], tmp_path / "rows.csv"
-    keep_row(rows, {"kernel": "cublas_fp32", "ms": 2.0}, out)
+    keep_row(rows, {"kernel": "cublas_fp32", "ms": 2.0, "tflops": 60.0}, out)
     assert pd.read_csv(out).vs_cublas_fp32.tolist() == [1.0]
-    keep_row(rows, {"kernel": "slower", "ms": 4.0}, out)
+    keep_row(rows, {"kernel": "slower", "ms": 4.0, "tflops": 30.0}, out)
+    keep_row(rows, {"kernel": "split_pass", "ms": 0.1, "tflops": None}, out)  # no product: no ratio
     keep_row(rows, {"kernel": "refused", "status": "refused"}, out)
     df = pd.read_csv(out)
-    assert df.kernel.tolist() == ["cublas_fp32", "slower", "refused"]
-    assert df.vs_cublas_fp32.tolist()[:2] == [1.0, 0.5] and df.vs_cublas_fp32.isna().tolist()[2]
+    assert df.kernel.tolist() == ["cublas_fp32", "slower", "split_pass", "refused"]
+    assert df.vs_cublas_fp32.tolist()[:2] == [1.0, 0.5] and df.vs_cublas_fp32.isna().tolist()[2:] == [True, True]
