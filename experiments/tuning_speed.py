@@ -19,7 +19,8 @@ Then the winners (after make-run-cold and serial-cold): per study, the best conf
 with the other's, --rounds times each, alternating (experiments.steps.timings_in_turn): a parallel
 search should pick configs as good as a serial one's.
 
--> experiments/results/<gpu>/tuning_speed.csv, a row per run (run again, it is replaced): the
+-> experiments/results/<gpu>/tuning_speed.csv, a row per run, device and commit (run again there, it
+   is replaced; other commits' rows stay): the
    command, cache, wall_s, and the tuner's own summary: trials, tuning_s, trials_per_s, workers
    (compile processes), cores, and the timing process's ms a measurement loading the config and
    checking and timing it (load_ms, measure_ms); tuning_winners.csv, a row per study (within_3pct: the
@@ -42,7 +43,7 @@ import pandas as pd
 
 from autotune.search import summary_figures
 from experiments.paths import results_dir
-from kernels_core.provenance import REPO, provenance
+from kernels_core.provenance import AS_TEXT, REPO, provenance
 
 TUNING = ["-m", "autotune.search", "--workload", "mnist-mlp", "--backends", "cuda,triton", "--trials", "12"]
 # name: (the command's python arguments, cache group, cold or warm)
@@ -156,6 +157,15 @@ def winners_summary(found: pd.DataFrame) -> str:
             f"{ratio.median():.3f} (range {ratio.min():.3f}-{ratio.max():.3f})")
 
 
+def put_row(table: Path, row: dict) -> None:
+    """`row` into `table`, replacing the row of the same run, device and commit (the run repeated there)
+    and keeping the others: earlier commits' rows are the history the findings cite."""
+    key = ["run", "device", "commit"]
+    old = pd.read_csv(table, dtype=AS_TEXT) if table.exists() else pd.DataFrame(columns=key)
+    same = (old[key].astype(str) == pd.Series({k: str(row[k]) for k in key})).all(axis=1)
+    pd.concat([old[~same], pd.DataFrame([row])]).to_csv(table, index=False)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tuning_speed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,8 +194,7 @@ def main(argv=None) -> int:
         print(f"{name}: {row['wall_s']:.0f} s wall, {row['trials']} trials in {row['tuning_s']:.0f} s of tuning, "
               f"{row['trials_per_s']:.2f} trials/s ({row['workers']} compile processes, {row['cores']} cores)",
               flush=True)
-        old = pd.read_csv(table) if table.exists() else pd.DataFrame(columns=["run"])
-        pd.concat([old[old["run"] != name], pd.DataFrame([row])]).to_csv(table, index=False)
+        put_row(table, row)
     if "winners" in names or args.runs == p.get_default("runs"):
         found = winners(args.work, args.rounds)
         found.to_csv(results / "tuning_winners.csv", index=False, float_format="%.6g")

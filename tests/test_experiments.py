@@ -394,3 +394,21 @@ def test_tuner_bookkeeping_runs_make_runs_studies_through_the_search_pipeline_wi
     assert row["trials_per_s"] == pytest.approx(34 / row["tuning_s"], rel=0.05)
     rows = pd.read_csv(tmp_path / "sm_90" / "trials.csv")
     assert len(rows) == 34 and rows.study.nunique() == 34 and set(rows.status) == {"ok"}
+
+
+def test_tuning_speed_replaces_a_runs_row_only_at_its_own_commit_and_device(tmp_path):
+    """A run repeated at one commit on one device replaces its row; the rows of earlier commits, or of
+    another GPU, stay (the findings cite them)."""
+    from experiments import tuning_speed
+
+    table = tmp_path / "tuning_speed.csv"
+    row = dict(run="make-run-cold", device="NVIDIA H200", commit="0abc123", wall_s=81.0)
+    tuning_speed.put_row(table, row)
+    tuning_speed.put_row(table, {**row, "commit": "84b2eaa", "wall_s": 91.2})
+    tuning_speed.put_row(table, {**row, "device": "NVIDIA H100 80GB HBM3", "wall_s": 86.1})
+    tuning_speed.put_row(table, {**row, "run": "make-run-warm", "wall_s": 73.0})
+    tuning_speed.put_row(table, {**row, "wall_s": 80.0})  # the first run repeated: replaced
+    df = pd.read_csv(table, dtype={"commit": str})
+    assert sorted(zip(df.run, df.device, df.commit, df.wall_s)) == [
+        ("make-run-cold", "NVIDIA H100 80GB HBM3", "0abc123", 86.1), ("make-run-cold", "NVIDIA H200", "0abc123", 80.0),
+        ("make-run-cold", "NVIDIA H200", "84b2eaa", 91.2), ("make-run-warm", "NVIDIA H200", "0abc123", 73.0)]
