@@ -17,7 +17,8 @@ each weight element is read by one tile only, so there the pass is pure overhead
 
 Then the same question for a CUDA kernel on Hopper's wgmma (kernels_cuda/matmul_wgmma_tf32x3.cu,
 sm_90a): the parts of A and of B^T (wgmma's tf32 form reads both operands k-major), three wgmmas a
-k8 step, the fp32 add after every 1 or 4 k slices (WGMMA_SUMS) or never, at WGMMA_TILES.
+k8 step, the fp32 add after every 1 or 4 k slices (WGMMA_SUMS) or never, at WGMMA_TILES; and one
+plain TF32 product through the same pipeline, its rate against cuBLAS TF32's.
 
 Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
 it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
@@ -166,10 +167,11 @@ def keep_row(rows: list[dict], row: dict, out) -> None:
                   for r in rows]).to_csv(out, index=False)
 
 
-def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1) -> torch.Tensor:
+def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1, parts: int = 2) -> torch.Tensor:
     """A @ B by kernels_cuda/matmul_wgmma_tf32x3.cu (sm_90a) from A's parts and B^T's (N x K), all
     contiguous, on `tile` (a WGMMA_TILES entry), the fp32 add after every `sum_every` k slices
-    (0: one accumulator). Persistent, as matmul_wgmma.cu: no more blocks than fit at once."""
+    (0: one accumulator); `parts` 1: plain TF32 on the big parts alone (sum_every 0), the
+    pipeline's own rate. Persistent, as matmul_wgmma.cu: no more blocks than fit at once."""
     from kernels_cuda import _runtime as rt, _tma
 
     (a_big, a_small), (b_big, b_small) = a_parts, bt_parts
@@ -182,14 +184,14 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1) -> torch.Te
     c = torch.empty((m, n), dtype=torch.float32, device=a_big.device)
     pairs = int(n % 2 == 0 and c.data_ptr() % 8 == 0)
     variant = rt.Variant("matmul_wgmma_tf32x3.cu", "matmul_wgmma_tf32x3_kernel",
-                         (bm, bn, stages, consumers, 8, sum_every, pairs), sm_suffix="a")
-    smem = stages * 2 * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
+                         (bm, bn, stages, consumers, 8, sum_every, pairs, parts), sm_suffix="a")
+    smem = stages * parts * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
     dev = a_big.device.index
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     resident = rt.sm_count(dev) * max(1, rt.device_props(dev)[1] // smem)
     rt.launch(variant, dev, (min(tiles, resident), 1, 1), (128 * (consumers + 1), 1, 1),
               (*maps, rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
-              for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every)))
+              for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every, parts)))
     return c
 
 
@@ -280,6 +282,10 @@ def main(argv=None) -> int:
             timed("wgmma_tf32x3_with_pass", label, lambda: wgmma_tf32x3_matmul(split(a), transposed(b), tile))
             timed("wgmma_tf32x3_one_accumulator", label, lambda: wgmma_tf32x3_matmul(a_parts, bt_parts, tile, 0),
                   precise=False)
+            # One TF32 product through the same pipeline (TF32's error): its rate against cuBLAS TF32's
+            # says whether the pipeline or the threefold work sets 3xTF32's time.
+            bigs = ((a_parts[0], a_parts[0]), (bt_parts[0], bt_parts[0]))
+            timed("wgmma_tf32_plain", label, lambda: wgmma_tf32x3_matmul(*bigs, tile, 0, parts=1), precise=False)
     except Exception as exc:  # noqa: BLE001  recorded as the row that failed
         keep({**prov, "kernel": "wgmma_tf32x3", "size": s, "status": f"failed: {type(exc).__name__}: {exc}"[:300]})
         print(rows[-1]["status"], flush=True)

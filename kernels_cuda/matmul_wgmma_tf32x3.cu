@@ -27,6 +27,8 @@
 //    in matmul_wgmma.cu; at a step's end the warpgroup drains, and the other consumer's wgmmas keep
 //    the tensor cores busy (the promotion interval of CUTLASS's fp8 kernels, the same idea).
 //    SUM = 0: every product into the one accumulator (biased over a long K: priced, not used).
+//  - PARTS = 1 prices the pipeline itself: plain TF32, one wgmma of the big parts a k8 step, the
+//    stages holding a_big and b_big only (the small parts' maps unread); use it with SUM = 0.
 //  - C is fp32, stored as 8-byte pairs where C_PAIRS (N even, C 8-byte aligned).
 // A consumer warpgroup owns one m64 slab (BM = 64 x CONSUMERS), which the step accumulators'
 // registers need.
@@ -51,19 +53,20 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N / 2], u64 da, u64 db, in
     }
 }
 
-template <int BM, int BN, int STAGES, int CONSUMERS, int GROUP_M, int SUM, int C_PAIRS>
+template <int BM, int BN, int STAGES, int CONSUMERS, int GROUP_M, int SUM, int C_PAIRS, int PARTS>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __grid_constant__ TmaMap map_a_small,
                            const __grid_constant__ TmaMap map_b_big, const __grid_constant__ TmaMap map_b_small,
                            float* __restrict__ C, int M, int N, int K) {
     constexpr int BK = 32;
     constexpr u32 A_BYTES = BM * BK * 4, B_BYTES = BN * BK * 4;
-    constexpr u32 STAGE_BYTES = 2 * (A_BYTES + B_BYTES);
+    constexpr u32 STAGE_BYTES = PARTS * (A_BYTES + B_BYTES);
     constexpr int R = BN / 2;  // accumulators a thread
     static_assert(BK * 4 == 128, "one 128-byte swizzled row per k slice");
     static_assert(BM == 64 * CONSUMERS, "a consumer owns one m64 slab");
     static_assert(BN == 64 || BN == 128, "one wgmma spans the tile's columns");
     static_assert(STAGES >= 2, "a slice is loaded while the one before is read");
+    static_assert(PARTS == 2 || (PARTS == 1 && SUM == 0), "3xTF32 from two parts, or plain TF32 in one accumulator");
 
     // Dynamic shared memory: the ring, 1024-aligned (the swizzle's period), then the barriers
     // full[0 .. STAGES) and empty[0 .. STAGES), 8 bytes each.
@@ -82,12 +85,14 @@ matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __gri
         if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0)
             produce<STAGES, GROUP_M, BM, BN>(bars, tiles_m, tiles, ktiles, [&](int s, u32 full, int kt, int m0, int n0) {
-                const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + 2 * A_BYTES;
+                const u32 a_dst = ring + s * STAGE_BYTES, b_dst = a_dst + PARTS * A_BYTES;
                 mbar_expect_tx(full, STAGE_BYTES);
                 tma_load(a_dst, &map_a_big, full, kt * BK, m0);
-                tma_load(a_dst + A_BYTES, &map_a_small, full, kt * BK, m0);
                 tma_load(b_dst, &map_b_big, full, kt * BK, n0);
-                tma_load(b_dst + B_BYTES, &map_b_small, full, kt * BK, n0);
+                if constexpr (PARTS == 2) {
+                    tma_load(a_dst + A_BYTES, &map_a_small, full, kt * BK, m0);
+                    tma_load(b_dst + B_BYTES, &map_b_small, full, kt * BK, n0);
+                }
             });
     } else {
         // ------------------------------------------------ consumers
@@ -99,21 +104,24 @@ matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __gri
         for (int r = 0; r < R; ++r) step[r] = 0.f;
         int it = 0, released = 0;  // slices issued, and whose stages went back to the producer
 
-        // Slice it's twelve wgmmas into d, committed as one group; `first` starts d from zero.
+        // Slice it's wgmmas into d (twelve; four with PARTS = 1), committed as one group; `first`
+        // starts d from zero.
         auto issue = [&](float (&d)[R], bool first) {
             const int s = it % STAGES;
             mbar_wait(bars + 8 * s, (it / STAGES) & 1);
             const u32 a_big = ring + s * STAGE_BYTES + c * 64 * 128, a_small = a_big + A_BYTES;
-            const u32 b_big = ring + s * STAGE_BYTES + 2 * A_BYTES, b_small = b_big + B_BYTES;
+            const u32 b_big = ring + s * STAGE_BYTES + PARTS * A_BYTES, b_small = b_big + B_BYTES;
             fence_acc(d);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 8; ++kk) {
                 const u64 dab = smem_desc(a_big + kk * 32, 16, 1024), das = smem_desc(a_small + kk * 32, 16, 1024);
                 const u64 dbb = smem_desc(b_big + kk * 32, 16, 1024), dbs = smem_desc(b_small + kk * 32, 16, 1024);
-                wgmma_tf32<BN>(d, das, dbb, first && kk == 0 ? 0 : 1);
-                wgmma_tf32<BN>(d, dab, dbs, 1);
-                wgmma_tf32<BN>(d, dab, dbb, 1);
+                if constexpr (PARTS == 2) {
+                    wgmma_tf32<BN>(d, das, dbb, first && kk == 0 ? 0 : 1);
+                    wgmma_tf32<BN>(d, dab, dbs, 1);
+                }
+                wgmma_tf32<BN>(d, dab, dbb, PARTS == 2 || !(first && kk == 0) ? 1 : 0);
             }
             wgmma_commit();
             fence_acc(d);
@@ -190,13 +198,13 @@ matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __gri
 }
 
 #ifdef STANDALONE
-template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 1, 1>(
+template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 1, 1, 2>(
     const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const __grid_constant__ TmaMap,
     const __grid_constant__ TmaMap, float*, int, int, int);
-template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 4, 1>(
+template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 4, 1, 2>(
     const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const __grid_constant__ TmaMap,
     const __grid_constant__ TmaMap, float*, int, int, int);
-template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 0, 1>(
+template __global__ void matmul_wgmma_tf32x3_kernel<128, 128, 3, 2, 8, 0, 1, 2>(
     const __grid_constant__ TmaMap, const __grid_constant__ TmaMap, const __grid_constant__ TmaMap,
     const __grid_constant__ TmaMap, float*, int, int, int);
 #endif

@@ -242,15 +242,16 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
 def test_the_wgmma_3xtf32_probe_builds_to_tf32_hgmma_without_spills_or_serialization(tmp_path):
     """experiments.tf32x3_split_ahead's CUDA kernel (kernels_cuda/matmul_wgmma_tf32x3.cu), at every
     tile and sum it times, built for sm_90a: three HGMMA ... TF32 a k8 step (12 a 32-wide k slice,
-    the slices of a step unrolled), fed by TMA loads, no spills, and no wgmma that ptxas had to
+    the slices of a step unrolled; one, 4, for its plain TF32 form), fed by TMA loads, no spills, and no wgmma that ptxas had to
     serialize or wait on (C751x: an accumulator read while its wgmma may be in flight, say)."""
     from experiments.tf32x3_split_ahead import WGMMA_SUMS, WGMMA_TILES
     from kernels_cuda import _runtime as rt
 
-    kernels = {}
+    kernels = {}  # name -> (BN, TF32 HGMMAs a 32-wide slice, times the slices a step unrolls)
     for (bm, bn, stages, consumers), every, pairs in itertools.product(WGMMA_TILES, (*WGMMA_SUMS, 0), (0, 1)):
-        expr = f"matmul_wgmma_tf32x3_kernel<{bm},{bn},{stages},{consumers},8,{every},{pairs}>"
-        kernels[expr] = (bn, max(every, 1))
+        kernels[f"matmul_wgmma_tf32x3_kernel<{bm},{bn},{stages},{consumers},8,{every},{pairs},2>"] = (bn, 12 * max(every, 1))
+        # plain TF32 through the same pipeline: one wgmma a k8 step
+        kernels[f"matmul_wgmma_tf32x3_kernel<{bm},{bn},{stages},{consumers},8,0,{pairs},1>"] = (bn, 4)
     refs = ",\n".join(f"(void*)&{e}" for e in kernels)
     (tmp_path / "v.cu").write_text(f'#include "matmul_wgmma_tf32x3.cu"\nvoid* const kernel_refs[] = {{\n{refs}\n}};\n')
     built = subprocess.run(["nvcc", "-std=c++17", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "--resource-usage",
@@ -265,8 +266,8 @@ def test_the_wgmma_3xtf32_probe_builds_to_tf32_hgmma_without_spills_or_serializa
     per_kernel = sass.split("Function : ")[1:]
     assert len(per_kernel) == len(kernels)
     for text in per_kernel:
-        bn, slices = kernels[_demangled(text.split("\n")[0])]
-        assert text.count(f"HGMMA.64x{bn}x8.F32.TF32") == 12 * slices, text[:200]
+        bn, hgmmas = kernels[_demangled(text.split("\n")[0])]
+        assert text.count(f"HGMMA.64x{bn}x8.F32.TF32") == hgmmas, text[:200]
         assert "UTMALDG.2D" in text and "HMMA" not in text.replace("HGMMA", "")
 
 
