@@ -207,18 +207,17 @@ def _bench(cases, copy_elements: int | None, out: Path, rounds: int, name: str, 
     """Every case `rounds` times, each round in a process of its own, one after another: a figure's range
     then holds what moves between processes (where the allocator puts the inputs, which kernels the
     caches hand back), which the rounds of one process hid (experiments/FINDINGS.md, "The headline run")."""
-    parts = []
+    parts = [out.with_name(f"{out.stem}.round{rep}.csv") for rep in range(rounds)]
     with tqdm(total=len(cases) * rounds, desc=f"{name} ({rounds} processes)", unit="case") as bar:
-        for rep in range(rounds):
-            part = out.with_name(f"{out.stem}.round{rep}.csv")
+        for rep, part in enumerate(parts):
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 pool.submit(measure_round or _bench_round, cases, copy_elements, part, LOG).result()
             log(f"{name}: round {rep + 1} of {rounds} done")
             bar.update(len(cases))
-            parts.append(pd.read_csv(part, dtype=str, keep_default_na=False).assign(rep=str(rep)))
-    pd.concat(parts).to_csv(out, index=False)
-    for rep in range(rounds):
-        out.with_name(f"{out.stem}.round{rep}.csv").unlink()
+    pd.concat(pd.read_csv(part, dtype=str, keep_default_na=False).assign(rep=str(rep))
+              for rep, part in enumerate(parts)).to_csv(out, index=False)
+    for part in parts:
+        part.unlink()
 
 
 def _bench_round(cases, copy_elements: int | None, out: Path, log_path: Path) -> None:

@@ -187,9 +187,8 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1, parts: int 
                          (bm, bn, stages, consumers, 8, sum_every, pairs, parts), sm_suffix="a")
     smem = stages * parts * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
     dev = a_big.device.index
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    resident = rt.sm_count(dev) * max(1, rt.device_props(dev)[1] // smem)
-    rt.launch(variant, dev, (min(tiles, resident), 1, 1), (128 * (consumers + 1), 1, 1),
+    blocks = rt.persistent_blocks(dev, triton.cdiv(m, bm) * triton.cdiv(n, bn), smem)
+    rt.launch(variant, dev, (blocks, 1, 1), (128 * (consumers + 1), 1, 1),
               (*maps, rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
               for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every, parts)))
     return c

@@ -118,6 +118,13 @@ def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def persistent_blocks(index: int, tiles: int, smem: int) -> int:
+    """Blocks of a persistent kernel that walks `tiles` output tiles: as many as the SMs' shared
+    memory holds at once, `smem` bytes a block (an upper bound on the blocks resident: registers
+    may allow fewer, and the rest then simply start later), and no more than there are tiles."""
+    return min(tiles, sm_count(index) * max(1, device_props(index)[1] // smem))
+
+
 def check_cuda(name: str, t: torch.Tensor) -> None:
     if not t.is_cuda:
         raise ValueError(f"{name}: the CUDA backend needs a CUDA tensor, got one on {t.device}")

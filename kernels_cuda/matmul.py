@@ -463,11 +463,8 @@ def _matmul_wgmma(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, 
     (a_kc, map_a), (b_kc, map_b) = read_a, read_b
     kernel = wgmma_variant(cfg, dtype, a_kc, b_kc, bias is not None, relu, N % 2 == 0 and c.data_ptr() % 4 == 0)
     threads, smem = launch_cost(dtype, cfg, arch)
-    # Persistent: as many blocks as the SMs' shared memory holds at once (an upper bound on the
-    # blocks resident: registers may allow fewer, and the rest then simply start later).
-    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
-    resident = rt.sm_count(dev) * max(1, rt.device_props(dev)[1] // smem)
-    rt.launch(kernel, dev, (min(tiles, resident), 1, 1), (threads, 1, 1),
+    blocks = rt.persistent_blocks(dev, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), smem)
+    rt.launch(kernel, dev, (blocks, 1, 1), (threads, 1, 1),
               (rt.by_value(_tma.tensor_map(map_a)), rt.by_value(_tma.tensor_map(map_b)), rt.ptr(bias), rt.ptr(c),
                rt.i32(M), rt.i32(N), rt.i32(K)),
               smem, for_=rt.tag("matmul", dtype, cfg))

@@ -240,3 +240,14 @@ def test_calls_the_kernel_cannot_take_are_config_errors(rng, what):
         {"relu_grad_of": randn(rng, (64, 64), "fp16", "cuda")} if what == "relu_grad_of" else {}
     with pytest.raises(ValueError, match="^config: .*WGMMA=0"):
         kc.matmul(a, b, config=_cfg(GPU_CONFIGS[3]), **kwargs)
+
+
+def test_a_persistent_kernel_launches_what_shared_memory_holds_and_no_more_blocks_than_tiles(monkeypatch):
+    from kernels_cuda import _runtime as rt
+
+    monkeypatch.setattr(rt, "sm_count", lambda index: 132)
+    monkeypatch.setattr(rt, "device_props", lambda index: (90, 232448))
+    assert rt.persistent_blocks(0, 1024, 197680) == 132  # one 193 KB ring an SM
+    assert rt.persistent_blocks(0, 1024, 100000) == 264  # two an SM
+    assert rt.persistent_blocks(0, 100, 100000) == 100  # fewer tiles than room
+    assert rt.persistent_blocks(0, 1024, 300000) == 132  # over the opt-in limit: launch refuses it, not this
