@@ -43,6 +43,7 @@ from typing import Callable
 
 import torch
 
+from kernels_core import contract
 from kernels_core.provenance import provenance
 from kernels_core.timing import bench, bench_in_graph
 from kernels_core import backends as kernel_packages
@@ -75,22 +76,29 @@ def elementwise_cases(n_rows: int) -> list[Case]:
     ]
 
 
-def gemm_cases(shapes: list[tuple[str, int]], store=None) -> list[Case]:
+def gemm_cases(shapes: list[tuple[str, int]], store=None, arch: int | None = None) -> list[Case]:
     """Square products, (dtype, size) each, with each twin's default config and its tuned one where
-    the store has that exact shape."""
-    return [Case("gemm", "matmul", dt, (size,) * 3, configs=_configs(store, dt, shape_key((size,) * 3, "nn")))
-            for dt, size in shapes]
+    the store has that exact shape; on sm_90 (`arch`, by default the local GPU's) fp32 in 3xTF32 on
+    the wgmma kernel too."""
+    if arch is None:
+        arch = contract.device_arch(torch.device("cuda")) if torch.cuda.is_available() else 0
+    return [Case("gemm", "matmul", dt, (size,) * 3,
+                 configs=_configs(store, dt, shape_key((size,) * 3, "nn"), wgmma=arch == 90)) for dt, size in shapes]
 
 
-def _configs(store, dtype: str, key: str) -> dict:
-    """Each twin's configs to time: its default, in 3xTF32 where its space has the TF32 tunable, and
-    its tuned one if the store has `key`."""
+def _configs(store, dtype: str, key: str, wgmma: bool = False) -> dict:
+    """Each twin's configs to time: its default, in 3xTF32 where its space has the TF32 tunable (and
+    with `wgmma`, where its fp32 space has the WGMMA tunable, 3xTF32 on that kernel too: `tf32x3
+    wgmma`), and its tuned one if the store has `key`."""
     configs = {}
     for backend in ("cuda", "triton"):
         configs[backend] = [("default", None)]
         space = kernel_packages.space(backend, "matmul", dtype)
         if "TF32" in space.params:
-            configs[backend].append(("tf32x3", _nearest(space, TF32=3)))
+            configs[backend].append(("tf32x3", _nearest(space, TF32=3, WGMMA=0) if "WGMMA" in space.params
+                                     else _nearest(space, TF32=3)))
+            if wgmma and "WGMMA" in space.params:
+                configs[backend].append(("tf32x3 wgmma", _nearest(space, TF32=3, WGMMA=1)))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
         if source == "tuned":
             configs[backend].append(("tuned", tuned))

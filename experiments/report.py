@@ -104,7 +104,9 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
             "process of its own, and their range:", "", _table(ew_t), "",
             "Square matmuls, each twin at its default config"
             + (", in 3xTF32 (fp32, `tf32x3`: its default, on the tensor cores where that is the FMA units'"
-               " kernel)" if (gemm.config_label == "tf32x3").any() else "")
+               " kernel" + ("; `tf32x3 wgmma`: the nearest config on Hopper's wgmma, the operands split ahead"
+                            if (gemm.config_label == "tf32x3 wgmma").any() else "") + ")"
+               if (gemm.config_label == "tf32x3").any() else "")
             + " and at the store's tuned one (`tuned`), against cuBLAS through torch in the same round (fp32 with "
             "TF32 off" + ("; with it on, `cuBLAS TF32`, a lower precision" if (gemm.config_label == TORCH_TF32).any()
                           else "") + "); `vs cuBLAS` is the median of the rounds' ratios:", "", _table(gemm_t), ""]

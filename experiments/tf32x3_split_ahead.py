@@ -1,7 +1,7 @@
 """3xTF32 with its operands split once, ahead of the GEMM: is the split what keeps it from 2x cuBLAS fp32?
 (a GPU machine)
 
-    python -m experiments.tf32x3_split_ahead [--size 4096] [--reps 20]
+    python -m experiments.tf32x3_split_ahead [--size 4096] [--reps 20] [--only REGEX] [--out CSV]
 
 Both twins' 3xTF32 split each operand tile as it is loaded: every k step, every tile of A and B
 becomes a TF32 big part and a small part (x = big + small) in registers, and three tensor-core
@@ -18,16 +18,20 @@ each weight element is read by one tile only, so there the pass is pure overhead
 Then the same question for a CUDA kernel on Hopper's wgmma (kernels_cuda/matmul_wgmma_tf32x3.cu,
 sm_90a): the parts of A and of B^T (wgmma's tf32 form reads both operands k-major), three wgmmas a
 k8 step, the fp32 add after every 1 or 4 k slices (WGMMA_SUMS) or never, at WGMMA_TILES; and one
-plain TF32 product through the same pipeline, its rate against cuBLAS TF32's.
+plain TF32 product through the same pipeline, its rate against cuBLAS TF32's; then that kernel as
+the CUDA twin's fp32 matmul runs it (WGMMA = 1, 3xTF32: its own split pass, then the GEMM) at every
+config its space offers.
 
 Measured on square fp32 matrices of --size, each kernel's product checked against float64 before
 it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselines), the Triton twin's
 3xTF32 at its default tiles and at TILES, Triton's own tf32x3 at TILES, one plain TF32 product at TILES
 (Triton's TF32 rate on those tiles: three such products bound what a Triton 3xTF32 kernel can reach,
-timed whatever its error, which is TF32's), and the split-ahead kernel
+timed whatever its error, which is TF32's), the same with B stored k-major (B^T, contiguous: wgmma's
+tf32 form reads B k-major, and a row-major B reaches shared memory 4 bytes a copy to be laid out so),
+and the split-ahead kernel
 below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
-twins' rule), 2 or 4 k slices (SUMS), and with every product carried in one accumulator, the
-price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
+twins' rule), 2 or 4 k slices (SUMS), on B's parts stored k-major, and with every product carried
+in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
 norm-wise against float64 and must be no larger than cuBLAS fp32's on the same inputs for a
 3xTF32 row to count.
 
@@ -40,8 +44,10 @@ norm-wise against float64 and must be no larger than cuBLAS fp32's on the same i
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from functools import partial
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -75,32 +81,35 @@ def split_kernel(x_ptr, big_ptr, small_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tiles(ptr_a, ptr_b, offs_m, offs_n, ks, M, N, K):
-    """The (BLOCK_M x BLOCK_K) tile of A and (BLOCK_K x BLOCK_N) tile of B at ks, zero outside."""
+def _tiles(ptr_a, ptr_b, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn):
+    """The (BLOCK_M x BLOCK_K) tile of A (row-major) and (BLOCK_K x BLOCK_N) tile of B at ks,
+    zero outside; B row-major (stride_bn 1) or stored as B^T, k-major (stride_bk 1)."""
     a = tl.load(ptr_a + offs_m[:, None] * K + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
-    b = tl.load(ptr_b + ks[:, None] * N + offs_n[None, :], mask=(ks[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+    b = tl.load(ptr_b + ks[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                mask=(ks[:, None] < K) & (offs_n[None, :] < N), other=0.0)
     return a, b
 
 
 @triton.jit
-def _three(a_big, a_small, b_big, b_small, offs_m, offs_n, ks, M, N, K, acc):
+def _three(a_big, a_small, b_big, b_small, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn, acc):
     """acc + the three TF32 products of one k slice's parts, in the tensor cores."""
-    ab, bb = _tiles(a_big, b_big, offs_m, offs_n, ks, M, N, K)
-    as_, bs = _tiles(a_small, b_small, offs_m, offs_n, ks, M, N, K)
+    ab, bb = _tiles(a_big, b_big, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn)
+    as_, bs = _tiles(a_small, b_small, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn)
     acc = tl.dot(as_, bb, acc, input_precision="tf32")
     acc = tl.dot(ab, bs, acc, input_precision="tf32")
     return tl.dot(ab, bb, acc, input_precision="tf32")
 
 
 @triton.jit
-def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr,
+def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, stride_bk, stride_bn, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr,
                        PRECISION: tl.constexpr = "tf32x3"):
     """C = A @ B (row-major, contiguous) from A's and B's parts. SUM n >= 1: the products of n k
     slices summed from zero in the tensor cores, then added to the fp32 accumulator (the twins sum
     each slice's so, n = 1); 0: every product carried in the one accumulator (biased over a long K:
     priced here, never used); -1: one Triton dot at PRECISION a slice, a_big and b_big given the fp32
-    operands."""
+    operands. B's parts row-major, or k-major (B^T's, stride_bk 1): wgmma's tf32 form reads both
+    operands k-major from shared memory."""
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     first_m = pid // (GROUP_M * tiles_n) * GROUP_M
@@ -113,17 +122,19 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, BLOCK_M: 
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if SUM < 0:
         for k0 in range(0, K, BLOCK_K):
-            a, b = _tiles(a_big, b_big, offs_m, offs_n, k0 + offs_k, M, N, K)
+            a, b = _tiles(a_big, b_big, offs_m, offs_n, k0 + offs_k, M, N, K, stride_bk, stride_bn)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
     elif SUM == 0:
         for k0 in range(0, K, BLOCK_K):
-            acc = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, acc)
+            acc = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, stride_bk, stride_bn,
+                         acc)
     else:
         # One loop over the slices (slices unrolled SUM at a time would hold SUM times the pipeline's
         # shared memory), the sum handed to the fp32 accumulator after every SUM-th.
         step = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            step = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, step)
+            step = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, stride_bk, stride_bn,
+                          step)
             if (k0 // BLOCK_K) % SUM == SUM - 1:
                 acc += step  # rounded to nearest, outside the tensor cores
                 step = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -138,23 +149,25 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.Tensor | None = None,
-                       precision: str = "tf32x3") -> torch.Tensor:
-    """A @ B from split parts (contiguous, row-major) on `tiles` (a TILES entry), the fp32 add after
-    every `sum_every` k slices (split_ahead_kernel's SUM; its PRECISION where that is -1)."""
+                       precision: str = "tf32x3", b_kmajor: bool = False) -> torch.Tensor:
+    """A @ B from split parts (contiguous, row-major; with b_kmajor B's are B^T's, N x K) on `tiles`
+    (a TILES entry), the fp32 add after every `sum_every` k slices (split_ahead_kernel's SUM; its
+    PRECISION where that is -1)."""
     (a_big, a_small), (b_big, b_small) = a_parts, b_parts
-    (m, k), n = a_big.shape, b_big.shape[1]
+    (m, k), n = a_big.shape, b_big.shape[0 if b_kmajor else 1]
     bm, bn, bk, warps, stages = tiles
     out = out if out is not None else torch.empty((m, n), dtype=torch.float32, device=a_big.device)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+    stride_bk, stride_bn = (1, k) if b_kmajor else (n, 1)
+    split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, stride_bk, stride_bn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                              GROUP_M=8, SUM=sum_every, PRECISION=precision, num_warps=warps, num_stages=stages)
     return out
 
 
-def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str) -> torch.Tensor:
+def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str, b_kmajor: bool = False) -> torch.Tensor:
     """A @ B by one Triton dot a k slice at `input_precision=precision` ("tf32x3", Triton's own
-    3xTF32, or "tf32") on the fp32 tiles, on `tiles`."""
-    return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision)
+    3xTF32, or "tf32") on the fp32 tiles, on `tiles`; with b_kmajor `b` is B^T (N x K, contiguous)."""
+    return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision, b_kmajor=b_kmajor)
 
 
 def keep_row(rows: list[dict], row: dict, out) -> None:
@@ -184,12 +197,12 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1, parts: int 
     c = torch.empty((m, n), dtype=torch.float32, device=a_big.device)
     pairs = int(n % 2 == 0 and c.data_ptr() % 8 == 0)
     variant = rt.Variant("matmul_wgmma_tf32x3.cu", "matmul_wgmma_tf32x3_kernel",
-                         (bm, bn, stages, consumers, 8, sum_every, pairs, parts), sm_suffix="a")
+                         (bm, bn, stages, consumers, 8, sum_every, pairs, parts, 0, 0), sm_suffix="a")
     smem = stages * parts * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
     dev = a_big.device.index
     blocks = rt.persistent_blocks(dev, triton.cdiv(m, bm) * triton.cdiv(n, bn), smem)
     rt.launch(variant, dev, (blocks, 1, 1), (128 * (consumers + 1), 1, 1),
-              (*maps, rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
+              (*maps, rt.ptr(None), rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
               for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every, parts)))
     return c
 
@@ -199,6 +212,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, default=4096, help="M = N = K (default 4096)")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions a kernel (default 20)")
+    p.add_argument("--out", default=None, help="CSV to write (default experiments/results/<gpu>/tf32x3_split_ahead.csv)")
+    p.add_argument("--only", type=re.compile, default=None, metavar="REGEX",
+                   help="time only the kernels whose name matches (cuBLAS's rows always)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("no CUDA device: the kernels are timed on a GPU")
@@ -210,10 +226,11 @@ def main(argv=None) -> int:
     s = args.size
     gen = torch.Generator(device="cuda").manual_seed(0)
     a, b = (torch.randn((s, s), device="cuda", generator=gen) for _ in range(2))
+    bt = b.t().contiguous()  # B stored k-major, as wgmma's tf32 form reads it
     ref = a.double() @ b.double()
     flop = 2 * s ** 3
     rows, prov = [], provenance()
-    out = results_dir() / "tf32x3_split_ahead.csv"
+    out = Path(args.out) if args.out else results_dir() / "tf32x3_split_ahead.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
 
     keep = partial(keep_row, rows, out=out)
@@ -221,7 +238,9 @@ def main(argv=None) -> int:
     def timed(kernel: str, tiles: str, fn, precise: bool = True, flops: bool = True) -> dict | None:
         """fn's product checked against float64 (a 3xTF32 one `precise`: no worse than cuBLAS fp32's,
         the first row), then timed; fn returning None is a pass with nothing to check (`flops`
-        False: no product, no TFLOP/s)."""
+        False: no product, no TFLOP/s). A kernel --only leaves out is skipped."""
+        if args.only and not kernel.startswith("cublas") and not args.only.search(kernel):
+            return None
         try:
             c = fn()
         except (ValueError, triton.runtime.errors.OutOfResources) as exc:  # the twin's space; shared memory
@@ -256,8 +275,11 @@ def main(argv=None) -> int:
         timed("triton_twin_3xtf32", label, lambda: triton_matmul(a, b, config=cfg))
         timed("triton_tf32x3", label, lambda: triton_dot_matmul(a, b, tiles, "tf32x3"))
         timed("triton_tf32", label, lambda: triton_dot_matmul(a, b, tiles, "tf32"), precise=False)
-        parts = (split(a), split(b))
+        timed("triton_tf32_kmajor_b", label, lambda: triton_dot_matmul(a, bt, tiles, "tf32", b_kmajor=True),
+              precise=False)
+        parts, bt_parts = (split(a), split(b)), split(bt)
         timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
+        timed("split_ahead_kmajor_b_gemm", label, lambda: split_ahead_matmul(parts[0], bt_parts, tiles, b_kmajor=True))
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
         for every in SUMS:
             timed(f"split_ahead_sum_every_{every}", label, lambda: split_ahead_matmul(*parts, tiles, every))
@@ -285,6 +307,19 @@ def main(argv=None) -> int:
             # says whether the pipeline or the threefold work sets 3xTF32's time.
             bigs = ((a_parts[0], a_parts[0]), (bt_parts[0], bt_parts[0]))
             timed("wgmma_tf32_plain", label, lambda: wgmma_tf32x3_matmul(*bigs, tile, 0, parts=1), precise=False)
+        # The same kernel as the CUDA twin runs it (fp32 matmul, WGMMA = 1, 3xTF32): its split pass
+        # (A's parts and B^T's, written k-contiguous in one pass each) and GEMM, at every config its
+        # space offers.
+        import kernels_cuda as kc
+        from kernels_cuda.matmul import tf32_parts
+
+        dev = a.device.index
+        timed("cuda_twin_split_pass", "", lambda: (tf32_parts(a, s, s, s, 1, 2, dev),
+                                                   tf32_parts(b, s, s, 1, s, 2, dev)) and None, flops=False)
+        for cfg in (c for c in kc.space("matmul", "fp32").configs(4, 90) if c["WGMMA"] and c["TF32"] == 3):
+            label = "{}x{}x32 s{} c{} g{}".format(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"] // 4,
+                                                  cfg["GROUP_M"])
+            timed("cuda_twin_wgmma_3xtf32", label, lambda: kc.matmul(a, b, config=cfg))
     except Exception as exc:  # noqa: BLE001  recorded as the row that failed
         keep({**prov, "kernel": "wgmma_tf32x3", "size": s, "status": f"failed: {type(exc).__name__}: {exc}"[:300]})
         print(rows[-1]["status"], flush=True)

@@ -186,29 +186,49 @@ TC_SPACE = Space(
 TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
 
 # fp32: the SIMT kernel multiplies exactly (TF32 = 0); TF32 = 3 (3xTF32) and TF32 = 1 (plain TF32,
-# a lower precision the tuner tries only when asked) run on the mma.sync kernel's TF32 tensor cores
-# (matmul_tc.cu's header says how it splits the operands). Each kernel keeps its own tunables and
-# rules; the other's tunables are fixed at their defaults (num_warps 4 for SIMT, 8 x 8 thread tiles
-# for the tensor cores), so that no config is one of the other kernel's under another name. TF32
-# tiles take at least two m16n8k8 steps a stage (BLOCK_K >= 16) in a cp.async ring.
+# a lower precision the tuner tries only when asked) run on TF32 tensor cores: with WGMMA = 0 the
+# mma.sync kernel's (matmul_tc.cu's header says how it splits the operands), with WGMMA = 1 on
+# sm_90 the wgmma kernel's, on operands split ahead (matmul_wgmma_tf32x3.cu). Each kernel keeps its
+# own tunables and rules; the others' tunables are fixed at their defaults (num_warps 4 for SIMT,
+# 8 x 8 thread tiles for the tensor cores), so that no config is another kernel's under another
+# name. mma.sync TF32 tiles take at least two m16n8k8 steps a stage (BLOCK_K >= 16) in a cp.async
+# ring.
 _TF32_RULES = (
     "arch >= 80  # TF32 tensor cores start at sm_80",
     "THREAD_M == 8 and THREAD_N == 8  # the SIMT kernel's thread tiles: fixed at its default",
+)
+_TF32_MMA_SYNC_RULES = (
     "num_stages >= 2 and BLOCK_K in (16, 32)  # a cp.async ring; k rows of 64 or 128 bytes, 2 or 4 k8 mma steps",
     *_MMA_SYNC_RULES,
 )
+# WGMMA = 1 in fp32: a stage holds a 32-wide k slice of each operand part (two parts each for
+# 3xTF32, one for TF32), 128 bytes a row; a consumer warpgroup owns 64 rows and one wgmma spans
+# the tile's 64 or 128 columns. No split-K, no fused epilogues but bias and ReLU (as fp16's).
+_WGMMA_TF32_RULES = (
+    "arch == 90  # wgmma is sm_90a's alone",
+    "BLOCK_K == 32 and SPLIT_K == 1 and num_warps in (4, 8)  # 128-byte k rows of fp32; 1 or 2 consumer warpgroups",
+    "num_stages >= 2  # a slice is loaded while the one before is multiplied",
+    "BLOCK_M == 16 * num_warps and BLOCK_N in (64, 128)  # 64 rows a consumer warpgroup; one wgmma spans the columns",
+    "num_stages * (2 if TF32 == 3 else 1) * (BLOCK_M + BLOCK_N) * 128 <= 192 * 1024  # the ring within 227 KB",
+)
+_WGMMA_TF32_SMEM = "num_stages * ((2 if TF32 == 3 else 1) * (BLOCK_M + BLOCK_N) * 128 + 16) + 1024"
 FP32_SPACE = Space(
-    params={**SIMT_SPACE.params, "num_warps": (1, 2, 4, 8), "TF32": (0, 3, 1)},
-    default={**SIMT_SPACE.default, "num_warps": 4, "TF32": 0},
+    params={**SIMT_SPACE.params, "num_warps": (1, 2, 4, 8), "TF32": (0, 3, 1), "WGMMA": (0, 1)},
+    default={**SIMT_SPACE.default, "num_warps": 4, "TF32": 0, "WGMMA": 0},
     restrictions=(
         *(_when("TF32 == 0", rule) for rule in SIMT_SPACE.restrictions),
         "TF32 > 0 or num_warps == 4  # the tensor cores' warp count: fixed for the SIMT kernel",
+        "TF32 > 0 or WGMMA == 0  # the wgmma kernel multiplies on TF32 tensor cores",
         *(_when("TF32 > 0", rule) for rule in _TF32_RULES),
+        *(_when("TF32 > 0 and WGMMA == 0", rule) for rule in _TF32_MMA_SYNC_RULES),
+        *(_when("WGMMA == 1", rule) for rule in _WGMMA_TF32_RULES),
     ),
-    threads=f"{SIMT_THREADS} if TF32 == 0 else 32 * num_warps",
-    smem_bytes=f"({SIMT_SPACE.smem_bytes}) if TF32 == 0 else num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * elt",
+    threads=f"{SIMT_THREADS} if TF32 == 0 else 32 * num_warps + 128 * WGMMA",
+    smem_bytes=f"({SIMT_SPACE.smem_bytes}) if TF32 == 0 else ({_WGMMA_TF32_SMEM}) if WGMMA else "
+               "num_stages * (BLOCK_M + BLOCK_N) * BLOCK_K * elt",
     notes=SIMT_SPACE.notes + "; TF32 = 3 (3xTF32) and 1 (TF32, lower precision): mma.sync m16n8k8 on the "
-          "tensor cores, sm_80 and newer",
+          "tensor cores, sm_80 and newer; on sm_90 wgmma + TMA with WGMMA=1, the operands split ahead into a "
+          "workspace",
     lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
 )
 
@@ -255,6 +275,15 @@ def wgmma_variant(cfg, dtype, a_kc, b_kc, has_bias, relu, c_pairs) -> rt.Variant
     return rt.Variant("matmul_wgmma.cu", "matmul_wgmma_kernel", (
         rt.DT_CODE[dtype], cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"] // 4, cfg["GROUP_M"],
         int(a_kc), int(b_kc), int(has_bias), int(relu), int(c_pairs)), sm_suffix="a")
+
+
+def wgmma_tf32_variant(cfg, has_bias, relu, c_pairs) -> rt.Variant:
+    """The fp32 wgmma GEMM on split operands: 3xTF32 (two parts each, the fp32 add after every k
+    slice) or plain TF32 (one part, one accumulator). c_pairs: C's columns stored two at a time."""
+    parts = 2 if cfg["TF32"] == 3 else 1
+    return rt.Variant("matmul_wgmma_tf32x3.cu", "matmul_wgmma_tf32x3_kernel", (
+        cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"] // 4, cfg["GROUP_M"], int(parts == 2),
+        int(c_pairs), parts, int(has_bias), int(relu)), sm_suffix="a")
 
 
 def on_simt(dtype: str, cfg) -> bool:
@@ -372,7 +401,8 @@ def report_variant(op: str, dtype: str, cfg, arch: int) -> tuple[rt.Variant, int
     if on_simt(dtype, cfg):
         variant = simt_variant(cfg, True, False, vec, vec, False, False)
     elif cfg.get("WGMMA"):
-        variant = wgmma_variant(cfg, dtype, True, False, False, False, True)
+        variant = (wgmma_tf32_variant(cfg, False, False, True) if dtype == "fp32" else
+                   wgmma_variant(cfg, dtype, True, False, False, False, True))
     else:
         variant = tc_variant(cfg, dtype, arch, True, False, vec, vec, False, False, False)
     return variant, launch_cost(dtype, cfg, arch)[1]
@@ -410,7 +440,8 @@ def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, ou
                    "fp16 accumulation" if accumulate == "fp16" else None)
         if refused:
             raise ValueError(f"config: the wgmma kernel (WGMMA=1) has no {refused}; use WGMMA=0 for this call")
-        _matmul_wgmma(dtype, dev, arch, cfg, ops, trans_a, trans_b, bias, activation == "relu", c, M, N, K)
+        run = _matmul_wgmma_tf32 if dtype == "fp32" else _matmul_wgmma
+        run(dtype, dev, arch, cfg, ops, trans_a, trans_b, bias, activation == "relu", c, M, N, K)
     else:
         if relu_grad_of is not None:
             relu_grad_of = relu_grad_of.contiguous()  # read with ld = N, as C is written
@@ -448,10 +479,16 @@ def tma_reads(t: torch.Tensor, s_outer: int, s_k: int, outer: int, k: int, box_r
     return None
 
 
-def _matmul_wgmma(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, relu, c, M, N, K) -> None:
+def _strides(ops: Operands, trans_a, trans_b) -> tuple[int, int, int, int]:
+    """(A's outer, A's k, B's outer, B's k) strides of op(a) (M x K) and op(b)^T (N x K)."""
     sa, sb = ops.a.stride(), ops.b.stride()
-    a_outer, a_k = (sa[1], sa[0]) if trans_a else (sa[0], sa[1])  # op(a) is M x K
-    b_outer, b_k = (sb[0], sb[1]) if trans_b else (sb[1], sb[0])  # op(b) is K x N
+    a_outer, a_k = (sa[1], sa[0]) if trans_a else (sa[0], sa[1])
+    b_outer, b_k = (sb[0], sb[1]) if trans_b else (sb[1], sb[0])
+    return a_outer, a_k, b_outer, b_k
+
+
+def _matmul_wgmma(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, relu, c, M, N, K) -> None:
+    a_outer, a_k, b_outer, b_k = _strides(ops, trans_a, trans_b)
     read_a = tma_reads(ops.a, a_outer, a_k, M, K, cfg["BLOCK_M"], ops.a_kc)
     read_b = tma_reads(ops.b, b_outer, b_k, N, K, cfg["BLOCK_N"], ops.b_kc)
     for name, read, t in (("a", read_a, ops.a), ("b", read_b, ops.b)):
@@ -468,3 +505,34 @@ def _matmul_wgmma(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, 
               (rt.by_value(_tma.tensor_map(map_a)), rt.by_value(_tma.tensor_map(map_b)), rt.ptr(bias), rt.ptr(c),
                rt.i32(M), rt.i32(N), rt.i32(K)),
               smem, for_=rt.tag("matmul", dtype, cfg))
+
+
+def tf32_parts(x: torch.Tensor, rows: int, K: int, s_r: int, s_k: int, parts: int, dev: int) -> tuple[torch.Tensor, int]:
+    """X's TF32 parts (parts x rows x ld fp32, k-contiguous, ld = K rounded up to 4), X the rows x K
+    matrix at x[r * s_r + k * s_k], by matmul_wgmma_tf32x3.cu's split pass: 3xTF32's big and small
+    (parts 2) or TF32's rounding (parts 1). A new workspace each call, from torch's allocator (in a
+    CUDA graph capture, from the graph's pool)."""
+    ld = cdiv(K, 4) * 4
+    out = torch.empty((parts, rows, ld), dtype=torch.float32, device=x.device)
+    kernel = rt.Variant("matmul_wgmma_tf32x3.cu", "tf32_split_kernel", (parts, int(s_k == 1)), sm_suffix="a")
+    rt.launch(kernel, dev, (cdiv(rows, 32), min(cdiv(K, 32), 65535), 1), (256, 1, 1),
+              (rt.ptr(x), rt.ptr(out[0]), rt.ptr(out[parts - 1]), rt.i32(rows), rt.i32(K), rt.i64(s_r),
+               rt.i64(s_k), rt.i64(ld)), 0, for_=("tf32_split", "fp32", (parts, int(s_k == 1))))
+    return out, ld
+
+
+def _matmul_wgmma_tf32(dtype, dev, arch, cfg, ops: Operands, trans_a, trans_b, bias, relu, c, M, N, K) -> None:
+    """fp32 on wgmma: A's and B^T's TF32 parts split ahead (k-contiguous, as wgmma's tf32 form reads
+    both operands), then the GEMM on them; any layout of a and b, any M, N, K."""
+    a_outer, a_k, b_outer, b_k = _strides(ops, trans_a, trans_b)
+    parts = 2 if cfg["TF32"] == 3 else 1
+    (pa, lda), (pb, ldb) = (tf32_parts(t, rows, K, s_r, s_k, parts, dev)
+                            for t, rows, s_r, s_k in ((ops.a, M, a_outer, a_k), (ops.b, N, b_outer, b_k)))
+    maps = [rt.by_value(_tma.tensor_map(_tma.Map2D(p[i].data_ptr(), rows, K, ld, box, 4)))
+            for p, rows, ld, box in ((pa, M, lda, cfg["BLOCK_M"]), (pb, N, ldb, cfg["BLOCK_N"])) for i in (0, parts - 1)]
+    kernel = wgmma_tf32_variant(cfg, bias is not None, relu, N % 2 == 0 and c.data_ptr() % 8 == 0)
+    threads, smem = launch_cost(dtype, cfg, arch)
+    blocks = rt.persistent_blocks(dev, cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), smem)
+    rt.launch(kernel, dev, (blocks, 1, 1), (threads, 1, 1),
+              (*maps, rt.ptr(bias), rt.ptr(c), rt.i32(M), rt.i32(N), rt.i32(K)), smem,
+              for_=rt.tag("matmul", dtype, cfg))

@@ -65,6 +65,7 @@
 #include "ptx.cuh"
 #include "splitk.cuh"
 #include "swizzle.cuh"
+#include "tf32.cuh"
 
 // A compile-time flag passed as a value, for generic lambdas (NVRTC has no <type_traits>).
 template <bool B> struct Flag { static constexpr bool value = B; };
@@ -141,31 +142,6 @@ __device__ __forceinline__ void mma_1688_tf32(Acc<0>& c, const u32 (&a)[4], cons
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// fp32 bits rounded to TF32 (10 mantissa bits), to nearest, ties away from zero.
-__device__ __forceinline__ u32 to_tf32(u32 x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(x)));
-    return r;
-}
-
-__device__ __forceinline__ bool finite_bits(u32 x) { return (x & 0x7f800000u) != 0x7f800000u; }
-
-// 3xTF32's split of a fragment register: x = big + rest with big = tf32(x), so |rest| <= 2^-11 |x|,
-// exact in fp32; small = tf32(rest). A finite x that rounds past TF32's largest is rounded down
-// instead, and a non-finite x splits into big = +-1, small = x, so that the products of an
-// infinity or NaN are IEEE's (kernels_triton/matmul.py's docstring says why).
-__device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
-    if (finite_bits(x)) {
-        u32 b = to_tf32(x);
-        if (!finite_bits(b)) b = x & 0xffffe000u;
-        big = b;
-        small = to_tf32(__float_as_uint(__uint_as_float(x) - __uint_as_float(b)));
-    } else {
-        big = (x & 0x80000000u) | 0x3f800000u;
-        small = x;
-    }
 }
 
 // 32 bits of shared memory at a shared-space address.

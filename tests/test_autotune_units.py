@@ -569,7 +569,7 @@ def test_a_sparse_space_gets_ten_suggestions_per_valid_share_in_a_row():
 
 def test_the_grid_sampler_walks_an_enumerated_spaces_valid_configs_only():
     """3 valid configs among 400 points: the grid holds the 3, not the product (which a union of
-    kernels makes large: the CUDA fp32 space's is 504,000 points), so nothing is pruned."""
+    kernels makes large: the CUDA fp32 space's is 1,512,000 points), so nothing is pruned."""
     values = {"A": list(range(20)), "B": list(range(20))}
     check = lambda c: None if c["A"] == c["B"] < 3 else "off the diagonal"
     view = _view(values, check)

@@ -67,7 +67,7 @@ def test_configs_walks_once_per_elt_and_arch_and_hands_out_copies(monkeypatch):
 @pytest.mark.parametrize("twin", ["triton", "cuda"])
 def test_every_space_of_the_twins_walks_to_the_products_configs(twin):
     """Both twins' spaces, every op and dtype at sm_75, sm_80 and sm_90 (the CUDA fp32 matmul union,
-    756,000 value combinations, at sm_90 only: its product takes seconds)."""
+    1,512,000 value combinations, at sm_90 only: its product takes seconds)."""
     import importlib
 
     from kernels_core import contract

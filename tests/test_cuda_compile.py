@@ -498,10 +498,11 @@ def test_matmul_space_is_dense_enough_to_search(dtype):
     on it (fake times) never gave up (experiments/FINDINGS.md, "wgmma + TMA kernel on Hopper"). SPLIT_K 32 and 64 (experiments/FINDINGS.md, "Split-K") take
     the whole fp16 space to 0.069, where 1 of 8 replays gave up after 48 trials, and the SIMT space
     to 0.106, where none of 8 did (results/h200/splitk64_space_replay_*.txt): these bounds are that
-    edge. The mma.sync region keeps its density. The fp32 space is a union of two kernels, each
-    with tunables the other fixes (SIMT for TF32 = 0, mma.sync for TF32 > 0): each region keeps
-    the SIMT space's density, and the whole's (0.019 as searched) sets how many invalid
-    suggestions in a row the tuner waits through (autotune.studies: StudyRunner.patience)."""
+    edge. The mma.sync region keeps its density. The fp32 space is a union of three kernels, each
+    with tunables the others fix (SIMT for TF32 = 0, mma.sync for TF32 > 0 and WGMMA = 0, wgmma on
+    split operands for WGMMA = 1, sm_90 only): each region keeps the SIMT space's density, and the
+    whole's sets how many invalid suggestions in a row the tuner waits through (autotune.studies:
+    StudyRunner.patience)."""
     sp = kc.space("matmul", dtype)
     valid = list(sp.configs(_elt(dtype), 90))
 
@@ -510,7 +511,8 @@ def test_matmul_space_is_dense_enough_to_search(dtype):
 
     if "TF32" in sp.params:
         assert density([c for c in valid if not c["TF32"]]) >= 0.10
-        assert density([c for c in valid if c["TF32"]]) >= 0.10
+        assert density([c for c in valid if c["TF32"] and not c["WGMMA"]]) >= 0.10
+        assert density([c for c in valid if c["WGMMA"]]) >= 0.10
     else:
         assert density(valid) >= 0.065
         assert density([c for c in valid if not c["WGMMA"]]) >= 0.12

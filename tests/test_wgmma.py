@@ -214,18 +214,24 @@ def test_every_tile_shape_without_bias(rng, config):
 @pytest.mark.gpu
 @sm90
 def test_wgmma_call_replays_in_a_cuda_graph(rng):
-    a, b = randn(rng, (300, 784), "bf16", "cuda"), randn(rng, (784, 136), "bf16", "cuda")
-    out = torch.empty(300, 136, dtype=torch.bfloat16, device="cuda")
-    config = _cfg(GPU_CONFIGS[1])
-    kc.matmul(a, b, out=out, config=config)  # compiled and its tensor maps encoded outside the capture
+    a, b, out = replayed_matmul(rng, "bf16", _cfg(GPU_CONFIGS[1]))
+    assert_rel(out, exact.matmul(a, b), matmul_tol("bf16", 784))
+
+
+def replayed_matmul(rng, dtype: str, config: dict):
+    """(a, b, out): kc.matmul(a, b) of 300 x 784 by 784 x 136 captured in a CUDA graph (compiled, and
+    its tensor maps encoded, by a call outside the capture), then replayed on new values of a."""
+    a, b = randn(rng, (300, 784), dtype, "cuda"), randn(rng, (784, 136), dtype, "cuda")
+    out = torch.empty(300, 136, dtype=contract.DTYPES[dtype], device="cuda")
+    kc.matmul(a, b, out=out, config=config)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kc.matmul(a, b, out=out, config=config)
-    a.copy_(randn(rng, (300, 784), "bf16", "cuda"))
+    a.copy_(randn(rng, (300, 784), dtype, "cuda"))
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_rel(out, exact.matmul(a, b), matmul_tol("bf16", 784))
+    return a, b, out
 
 
 @pytest.mark.gpu
