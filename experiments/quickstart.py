@@ -40,15 +40,28 @@ class CommandInterrupted(KeyboardInterrupt):
     """Ctrl-C while a command ran; that command has reported it."""
 
 
+def child_env(environ=os.environ) -> dict[str, str]:
+    """The commands' environment. Unbuffered: a child's stdout into a pipe is block-buffered, and its
+    lines would come late. And where the environment forbids writing Python's bytecode
+    (PYTHONDONTWRITEBYTECODE, as container images often set, with the installed packages left
+    without it), each of the run's processes (the search, its compile pool, three training runs)
+    would compile torch's modules from source again, about 5 of a training run's 10 s on the H200's
+    host (experiments/FINDINGS.md, "Tuner pipeline: compile pool and timing process"): there the
+    commands keep their bytecode under <out>/pycache instead, which is this run's own."""
+    env = {**environ, "PYTHONUNBUFFERED": "1"}
+    if env.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in env:
+        del env["PYTHONDONTWRITEBYTECODE"]
+        env["PYTHONPYCACHEPREFIX"] = str((OUT / "pycache").resolve())
+    return env
+
+
 def run(cmd: list[str], results: list) -> bool:
     """Runs one CLI, its output passed through; a trainer run's summary (its JSON), or a search's
     own figures (trials, rate), goes with its result."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
-    # Unbuffered: a child's stdout into a pipe is block-buffered, and its lines would come late.
-    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=child_env())
     printed = []
     try:
         for line in command.stdout:
@@ -112,6 +125,9 @@ def main(argv=None) -> int:
 
 def _quickstart(args: argparse.Namespace) -> int:
     py = sys.executable
+    if "PYTHONPYCACHEPREFIX" in child_env().keys() - os.environ.keys():
+        print(f"PYTHONDONTWRITEBYTECODE is set: the commands below keep their Python bytecode under "
+              f"{child_env()['PYTHONPYCACHEPREFIX']}, so that each does not compile torch's modules again")
     results: list = []
     skipped: list[str] = []
     outputs = [f"{OUT / 'runs'}/ (one CSV of steps and one JSON summary per training run)"]

@@ -164,11 +164,11 @@ GRID_CUDA = sq.RESULTS / "h200" / "search_quality_grid_cuda_fp32_full.csv"
 def test_a_replay_takes_the_grids_backend_and_dtype(tmp_path, capsys):
     """The H200's CUDA fp32 grid, replayed without --backend and --dtype: over its own space's
     tunables, THREAD_M and THREAD_N among them, so each of its 888 configs stays one; it predates
-    the TF32 tunable (and the tensor cores' num_warps in the fp32 space), and says so."""
+    the TF32 and WGMMA tunables (and the tensor cores' num_warps in the fp32 space), and says so."""
     assert sq.main(["--grid-csv", str(GRID_CUDA), "--samplers", "random", "--seeds", "2", "--budget", "0.013",
                     "--out", str(tmp_path)]) in (0, 1)  # 1: random misses the bar
     out = capsys.readouterr().out
-    assert "no num_warps, TF32 column (measured before it existed)" in out and "THREAD_M" not in out
+    assert "no num_warps, TF32, WGMMA column (measured before it existed)" in out and "THREAD_M" not in out
     curves = pd.read_csv(tmp_path / "search_quality_cuda_fp32_full.csv")
     assert (curves.groupby("seed")["trial"].max() == 11).all()  # 1.3% of 888, rounded down
     grid, tunables, backend, dtype = sq.load_grid(GRID_CUDA)

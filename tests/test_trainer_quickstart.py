@@ -106,3 +106,15 @@ def test_a_commands_lines_pass_through_as_it_prints_them(capsys, monkeypatch):
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     assert quickstart.run([sys.executable, "-c", "import sys; print('unbuffered', sys.stdout.write_through)"], [])
     assert "unbuffered True" in capsys.readouterr().out
+
+
+def test_where_bytecode_may_not_be_written_the_commands_keep_theirs_under_the_runs_output():
+    """An environment that forbids bytecode (PYTHONDONTWRITEBYTECODE) would have every command compile
+    torch's modules from source: the commands get a cache of the run's own instead; an environment
+    that allows it, or names its own cache, is left as it is (unbuffered output aside)."""
+    forbidding = quickstart.child_env({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"})
+    assert "PYTHONDONTWRITEBYTECODE" not in forbidding and forbidding["PATH"] == "/bin"
+    assert forbidding["PYTHONPYCACHEPREFIX"] == str((quickstart.OUT / "pycache").resolve())
+    for environ in ({"PATH": "/bin"}, {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"},
+                    {"PYTHONDONTWRITEBYTECODE": ""}):
+        assert quickstart.child_env(environ) == {**environ, "PYTHONUNBUFFERED": "1"}
