@@ -33,7 +33,8 @@ below at TILES: its time with and without the split pass, with the fp32 add afte
 twins' rule), 2 or 4 k slices (SUMS), on B's parts stored k-major, and with every product carried
 in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
 norm-wise against float64 and must be no larger than cuBLAS fp32's on the same inputs for a
-3xTF32 row to count.
+3xTF32 row to count. Then the Triton twin's own split ahead (SPLIT_AHEAD = 1: its pass, then the
+GEMM on k-major parts) at the configs of its space with tiles of 64 or more each way.
 
 -> experiments/results/<gpu>/tf32x3_split_ahead.csv: kernel, tiles, ms (median; p20, p80), tflops,
    vs_cublas_fp32, rel_err (cuBLAS fp32's is its row's), status (less_accurate: worse than cuBLAS fp32,
@@ -286,6 +287,23 @@ def main(argv=None) -> int:
         # The price of the per-slice sum: every product carried in one accumulator, whose error over a
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
         timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
+    # The Triton twin's fp32 matmul with SPLIT_AHEAD = 1 in 3xTF32 (its own split pass, then the GEMM
+    # on k-major parts) at every config of its space with tiles of 64 rows and columns or more.
+    import kernels_triton as kt
+    from kernels_triton import _runtime as kt_rt
+    from kernels_triton.matmul import split_ahead
+
+    def twin_pass():  # A's parts, and B^T's from the row-major B
+        for x, trans in ((a, False), (b, True)):
+            kt_rt.launch(split_ahead(x, s, s, trans, 3, "fp32", {})[1])
+
+    timed("triton_twin_split_pass", "", twin_pass, flops=False)
+    space = kt.space("matmul", "fp32")
+    for cfg in space.configs(4, 90):
+        if (cfg["SPLIT_AHEAD"] and cfg["TF32"] == 3 and cfg["SPLIT_K"] == 1 and cfg["GROUP_M"] == 8
+                and min(cfg["BLOCK_M"], cfg["BLOCK_N"]) >= 64 and space.cost(cfg, 4, 90)["smem_bytes"] <= 232448):
+            label = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+            timed("triton_twin_split_ahead", label, lambda: kt.matmul(a, b, config=cfg))
     # Last: a CUDA kernel that fails to build or launch stops the CUDA rows, not the run's CSV.
     try:
         if torch.cuda.get_device_capability() != (9, 0):

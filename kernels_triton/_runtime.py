@@ -86,7 +86,8 @@ def vector_width(vec: int, n: int, *tensors: torch.Tensor) -> int:
 @dataclass
 class Plan:
     """One launch, described as data: `args` holds every kernel parameter by
-    name (constexprs included) in the kernel's order."""
+    name (constexprs included) in the kernel's order; `before`, launches it needs
+    done first (matmul's split pass)."""
 
     op: str
     dtype: str
@@ -96,6 +97,7 @@ class Plan:
     args: dict[str, Any]
     num_warps: int
     num_stages: int = 1
+    before: tuple["Plan", ...] = ()
 
 
 # The CompiledKernel of the latest launch of each (op, dtype, config): what
@@ -108,6 +110,8 @@ def config_key(op: str, dtype: str, config: Mapping[str, int]) -> tuple:
 
 
 def launch(plan: Plan) -> None:
+    for first in plan.before:
+        launch(first)
     device = next(v.device for v in plan.args.values() if isinstance(v, torch.Tensor))
     if compile_only.active() and interpreting():
         return  # the interpreter compiles nothing

@@ -78,7 +78,8 @@ from .reduction import bias_grad
 _CE_DEFAULTS = {
     "fp16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
     "bf16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
-    "fp32": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0),
+    "fp32": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0,
+                 SPLIT_AHEAD=0),
 }
 _SGD_DEFAULTS = {
     "fp16": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
@@ -86,13 +87,21 @@ _SGD_DEFAULTS = {
     "fp32": dict(_MATMUL_SPACES["fp32"].default),
 }
 
+def _no_split_ahead(params: dict) -> dict:
+    """matmul's tunables with the operands split in the kernel only: the epilogues' operands are
+    the weights the step updates (linear_sgd) and a batch read by index (both)."""
+    return {**params, "SPLIT_AHEAD": (0,)} if "SPLIT_AHEAD" in params else params
+
+
 SPACES = {
     # The loss's GEMM is a matmul, split-K included. A config whose BLOCK_N is below the call's
     # N is refused at the call (contract.check_block_holds_row).
-    "linear_cross_entropy": {dtype: dataclasses.replace(sp, default=_CE_DEFAULTS[dtype])
+    "linear_cross_entropy": {dtype: dataclasses.replace(sp, params=_no_split_ahead(sp.params),
+                                                        default=_CE_DEFAULTS[dtype])
                              for dtype, sp in _MATMUL_SPACES.items()},
     # One program owns each element of w and bias: no split.
-    "linear_sgd": {dtype: dataclasses.replace(sp, params={**sp.params, "SPLIT_K": (1,)}, default=_SGD_DEFAULTS[dtype])
+    "linear_sgd": {dtype: dataclasses.replace(sp, params=_no_split_ahead({**sp.params, "SPLIT_K": (1,)}),
+                                              default=_SGD_DEFAULTS[dtype])
                    for dtype, sp in _MATMUL_SPACES.items()},
 }
 

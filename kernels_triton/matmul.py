@@ -88,8 +88,23 @@ so that Triton's interpreter, which multiplies in fp32 whatever the precision,
 computes the same parts and products as the GPU: the tests check the bound on
 the CPU. The GPU's TF32 products of exact TF32 parts are exact; only the
 tensor cores' sum within a k block differs from the interpreter's.
+
+SPLIT_AHEAD = 1 (fp32, with TF32 = 3 or 1): the operands are split once, before
+the GEMM, rather than in every tile that loads them: a pass (_split_kernel, one
+launch per operand) writes op(A)'s parts and op(B)^T's, k-contiguous, into a
+workspace, and the GEMM reads them as an nt product, the small parts a fixed
+offset from the big ones. On Hopper wgmma's tf32 form reads both operands
+k-major from shared memory; a row-major B reaches it 4 bytes a copy, to be laid
+out so, and a k-major one 16 bytes a copy: at 4096^3 on the H200 Triton's TF32
+dot ran 3.5x faster so, and 3xTF32 on split parts 2.7x faster
+(experiments/FINDINGS.md, "fp32 on TF32 tensor cores"). The parts are the split
+above, bit for bit, so the products are the same as SPLIT_AHEAD = 0's; the
+ring holds four operand tiles a stage in 3xTF32. No gathered rows (a_rows);
+the fused ops keep SPLIT_AHEAD = 0.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -141,11 +156,37 @@ def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
     else:
         a_big, a_small = _split_tf32(a)
         b_big, b_small = _split_tf32(b)
-        step = tl.dot(a_small, b_big, input_precision="tf32", out_dtype=acc_dtype)
-        step = tl.dot(a_big, b_small, step, input_precision="tf32", out_dtype=acc_dtype)
-        step = tl.dot(a_big, b_big, step, input_precision="tf32", out_dtype=acc_dtype)
-        acc += step  # rounded to nearest, outside the tensor cores (the module docstring)
+        acc = _three(a_big, a_small, b_big, b_small, acc, acc_dtype)
     return acc
+
+
+@triton.jit
+def _three(a_big, a_small, b_big, b_small, acc, acc_dtype: tl.constexpr):
+    """acc + 3xTF32's three products of the parts, smallest first, summed from zero and then added."""
+    step = tl.dot(a_small, b_big, input_precision="tf32", out_dtype=acc_dtype)
+    step = tl.dot(a_big, b_small, step, input_precision="tf32", out_dtype=acc_dtype)
+    step = tl.dot(a_big, b_big, step, input_precision="tf32", out_dtype=acc_dtype)
+    return acc + step  # rounded to nearest, outside the tensor cores (the module docstring)
+
+
+@triton.jit
+def _split_kernel(x_ptr, big_ptr, R, K, stride_r, stride_k, ld, part, TF32: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """SPLIT_AHEAD's pass: X (R x K, element (r, k) at x_ptr + r * stride_r + k * stride_k) into its
+    TF32 parts, k-contiguous, ld elements a row: 3xTF32's big and, `part` elements on, small
+    (TF32 = 3), or TF32's rounding (TF32 = 1). Triton lays a tile out anew between the load and the
+    store when X is not k-contiguous: the transpose of a row-major B."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_r[:, None] < R) & (offs_k[None, :] < K)
+    x = tl.load(x_ptr + offs_r[:, None] * stride_r + offs_k[None, :] * stride_k, mask=mask, other=0.0)
+    dst = big_ptr + offs_r[:, None] * ld + offs_k[None, :]
+    if TF32 == 1:
+        tl.store(dst, _to_tf32(x), mask=mask)
+    else:
+        big, small = _split_tf32(x)
+        tl.store(dst, big, mask=mask)
+        tl.store(dst + part, small, mask=mask)
 
 
 @triton.jit
@@ -248,14 +289,14 @@ def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, partials_ptr, counters_ptr, a_rows_ptr, y_ptr,
     labels_ptr, label_rows_ptr, flag_ptr, loss_ptr, slots_ptr, loss_counter_ptr,
     buf_ptr, bias_buf_ptr, low_ptr, bias_low_ptr,
-    M, N, K, K_SLICE, A_ROWS, LABELS,
+    M, N, K, K_SLICE, A_ROWS, LABELS, part_a, part_b,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_bias, stride_ym, stride_yn,
     stride_label, inv_m, rows_f, lr, momentum, weight_decay,
     HAS_BIAS: tl.constexpr, RELU: tl.constexpr, ACC_FP16: tl.constexpr, UPCAST: tl.constexpr,
     GATHER_A: tl.constexpr, RELU_GRAD: tl.constexpr, EPILOGUE: tl.constexpr, LABEL_ROWS: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, TF32: tl.constexpr,
+    SPLIT_K: tl.constexpr, TF32: tl.constexpr, SPLIT_AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -304,7 +345,14 @@ def _matmul_kernel(
             # fp32 tiles hold bf16 values exactly, so the product is unchanged.
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = _dot(a, b, acc, acc_dtype, TF32)
+        if SPLIT_AHEAD == 0:
+            acc = _dot(a, b, acc, acc_dtype, TF32)
+        elif TF32 == 1:  # a and b hold TF32 numbers already
+            acc = tl.dot(a, b, acc, input_precision="tf32", out_dtype=acc_dtype)
+        else:  # a and b are the big parts; the small ones lie part_a and part_b elements on
+            a_small = tl.load(a_ptrs + part_a, mask=offs_k[None, :] < k_left, other=0.0)
+            b_small = tl.load(b_ptrs + part_b, mask=offs_k[:, None] < k_left, other=0.0)
+            acc = _three(a, a_small, b, b_small, acc, acc_dtype)
         if GATHER_A != 2:
             a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -386,10 +434,14 @@ _RESTRICTIONS = (
     # A slice is a whole number of BLOCK_K steps: at K = 784, 128-wide steps
     # would leave 9 of SPLIT_K = 16 slices empty (64-wide: 3).
     "SPLIT_K == 1 or BLOCK_K <= 64",
-    # No GPU offers more than 227 KiB per block; larger rings fit nowhere.
-    "(BLOCK_M + BLOCK_N) * BLOCK_K * elt * num_stages <= 232448",
 )
 _SMEM = "(BLOCK_M + BLOCK_N) * BLOCK_K * elt * num_stages"
+_SMEM_FP32 = f"{_SMEM} * (2 if SPLIT_AHEAD and TF32 == 3 else 1)"  # big and small parts, split ahead
+
+
+def _ring_fits(smem: str) -> str:
+    return f"{smem} <= 232448  # no GPU offers more than 227 KiB per block; larger rings fit nowhere"
+
 _NOTES = ("threads = 32 * num_warps; smem_bytes counts the operand ring only "
           "(Triton may reuse it for the epilogue)")
 
@@ -398,21 +450,27 @@ SPACES = {
     "fp16": Space(
         params=_PARAMS,
         default=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
-        restrictions=_RESTRICTIONS, smem_bytes=_SMEM, notes=_NOTES,
+        restrictions=_RESTRICTIONS + (_ring_fits(_SMEM),), smem_bytes=_SMEM, notes=_NOTES,
     ),
     "bf16": Space(
         params=_PARAMS,
         default=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1),
-        restrictions=_RESTRICTIONS + ("arch >= 80  # bf16 tensor cores start at sm_80",),
+        restrictions=_RESTRICTIONS + (_ring_fits(_SMEM), "arch >= 80  # bf16 tensor cores start at sm_80"),
         smem_bytes=_SMEM, notes=_NOTES,
     ),
     # Exact fp32 runs on the FMA units, where register pressure, not shared
-    # memory, bounds the tile. TF32: 0 exact, 3 3xTF32, 1 plain TF32 (the module docstring).
+    # memory, bounds the tile. TF32: 0 exact, 3 3xTF32, 1 plain TF32; SPLIT_AHEAD: the
+    # operands split before the GEMM (the module docstring), four tiles a stage in 3xTF32.
     "fp32": Space(
-        params={**_PARAMS, "TF32": (0, 3, 1)},
-        default=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0),
-        restrictions=_RESTRICTIONS + ("TF32 == 0 or arch >= 80  # TF32 tensor cores start at sm_80",),
-        smem_bytes=_SMEM, notes=_NOTES,
+        params={**_PARAMS, "TF32": (0, 3, 1), "SPLIT_AHEAD": (0, 1)},
+        default=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, SPLIT_K=1, TF32=0,
+                     SPLIT_AHEAD=0),
+        restrictions=_RESTRICTIONS + (
+            _ring_fits(_SMEM_FP32),
+            "TF32 == 0 or arch >= 80  # TF32 tensor cores start at sm_80",
+            "SPLIT_AHEAD == 0 or TF32 > 0  # the parts are TF32 numbers",
+        ),
+        smem_bytes=_SMEM_FP32, notes=_NOTES,
         lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
     ),
 }
@@ -464,7 +522,7 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         partials_ptr=partials, counters_ptr=counters,
         a_rows_ptr=c, y_ptr=c, labels_ptr=c, label_rows_ptr=c, flag_ptr=c, loss_ptr=c, slots_ptr=c,
         loss_counter_ptr=c, buf_ptr=c, bias_buf_ptr=c, low_ptr=c, bias_low_ptr=c,
-        M=M, N=N, K=K, K_SLICE=k_slice, A_ROWS=0, LABELS=0,
+        M=M, N=N, K=K, K_SLICE=k_slice, A_ROWS=0, LABELS=0, part_a=0, part_b=0,
         stride_am=stride_am, stride_ak=stride_ak, stride_bk=stride_bk, stride_bn=stride_bn,
         stride_cm=c.stride(0), stride_cn=c.stride(1), stride_bias=bias.stride(0) if bias is not None else 1,
         stride_ym=0, stride_yn=0, stride_label=0, inv_m=0.0, rows_f=0.0, lr=0.0, momentum=0.0, weight_decay=0.0,
@@ -472,7 +530,7 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
         GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
         HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False,
-        **{"TF32": 0, **constexprs},  # 16-bit spaces have no TF32 tunable
+        **{"TF32": 0, "SPLIT_AHEAD": 0, **constexprs},  # 16-bit spaces have neither tunable
     )
     unknown = set(extra) - set(args)
     assert not unknown, f"not parameters of _matmul_kernel: {sorted(unknown)}"
@@ -498,13 +556,44 @@ def plan(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=
     if M == 0 or N == 0:
         return out, None
     extra = gather_args(a, a_rows, trans_a)
+    before = ()
+    if cfg.get("SPLIT_AHEAD"):
+        if a_rows is not None:
+            raise ValueError("config: SPLIT_AHEAD=1 splits op(a) before the GEMM and reads no gathered rows (a_rows); "
+                             "use SPLIT_AHEAD=0 for this call")
+        (a, a_split), (b, b_split) = (split_ahead(x, rows, K, trans, cfg["TF32"], dtype, cfg)
+                                      for x, rows, trans in ((a, M, trans_a), (b, N, not trans_b)))
+        trans_a, trans_b, before = False, True, (a_split, b_split)
+        extra.update(part_a=a_split.args["part"], part_b=b_split.args["part"])
     if relu_grad_of is not None:
         if _span(relu_grad_of) > _MAX_I32:
             raise ValueError("relu_grad_of: spans more than 2**31 elements; the kernel uses 32-bit offsets")
         extra.update(y_ptr=relu_grad_of, stride_ym=relu_grad_of.stride(0), stride_yn=relu_grad_of.stride(1),
                      RELU_GRAD=True)
-    return out, kernel_plan("matmul", dtype, cfg, a, b, out, M, N, K, trans_a=trans_a, trans_b=trans_b, bias=bias,
-                            activation=activation, accumulate=accumulate, **extra)
+    p = kernel_plan("matmul", dtype, cfg, a, b, out, M, N, K, trans_a=trans_a, trans_b=trans_b, bias=bias,
+                    activation=activation, accumulate=accumulate, **extra)
+    return out, dataclasses.replace(p, before=before)
+
+
+SPLIT_BLOCK = 64  # rows and k of a split pass's tile
+
+
+def split_ahead(x: torch.Tensor, rows: int, K: int, trans: bool, tf32: int, dtype: str, cfg: dict
+                ) -> tuple[torch.Tensor, rt.Plan]:
+    """(the big part, the launch that writes it): op(x)'s parts for SPLIT_AHEAD, rows x K with k
+    contiguous (trans: x stores K x rows), ld = K rounded up to 4 (16-byte rows), in a new workspace
+    (a CUDA graph's pool in a capture); 3xTF32's small part lies `part` elements after the big."""
+    ld = cdiv(K, 4) * 4
+    parts = torch.empty((2 if tf32 == 3 else 1, rows, ld), dtype=torch.float32, device=x.device)
+    if parts.numel() > _MAX_I32 or _span(x) > _MAX_I32:
+        raise ValueError(f"config: SPLIT_AHEAD=1 would split a {rows}x{K} operand into more than 2**31 elements; "
+                         "the kernel uses 32-bit offsets")
+    stride_r, stride_k = (x.stride(1), x.stride(0)) if trans else (x.stride(0), x.stride(1))
+    part = parts.stride(0) if tf32 == 3 else 0
+    grid = (cdiv(rows, SPLIT_BLOCK), cdiv(K, SPLIT_BLOCK))
+    return parts[0], rt.Plan("tf32_split", dtype, cfg, _split_kernel, grid,
+                             dict(x_ptr=x, big_ptr=parts, R=rows, K=K, stride_r=stride_r, stride_k=stride_k, ld=ld,
+                                  part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK), num_warps=4)
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,

@@ -23,14 +23,16 @@ from tests.test_splitk import K_CASES, counters_are_zero, tolerance
 DTYPES = list(contract.DTYPES)
 
 
-def pick(ops, op, dtype, device, rng, *, split_k=1, min_block_n=16, max_block_n=256, tf32=None):
+def pick(ops, op, dtype, device, rng, *, split_k=1, min_block_n=16, max_block_n=256, tf32=None, gathers=False):
     """A config of the twin's `op` space with this SPLIT_K and min_block_n <= BLOCK_N <= max_block_n,
-    drawn from the smallest such tiles: at its dtype's precision, or with TF32 = `tf32` (fp32)."""
+    drawn from the smallest such tiles: at its dtype's precision, or with TF32 = `tf32` (fp32);
+    with `gathers`, one whose kernel reads gathered rows (a_rows: not the operands split ahead)."""
     sp = ops.space(op, dtype)
     arch = contract.device_arch(torch.device(device))
     precision = (lambda c: sp.precision_of(c) is None) if tf32 is None else (lambda c: c["TF32"] == tf32)
     configs = [c for c in sp.configs(contract.DTYPES[dtype].itemsize, arch)
-               if c["SPLIT_K"] == split_k and min_block_n <= c["BLOCK_N"] <= max_block_n and precision(c)]
+               if c["SPLIT_K"] == split_k and min_block_n <= c["BLOCK_N"] <= max_block_n and precision(c)
+               and not (gathers and (c.get("SPLIT_AHEAD") or c.get("WGMMA")))]
     assert configs, f"{op}/{dtype}: no config with SPLIT_K={split_k}, BLOCK_N in [{min_block_n}, {max_block_n}]"
     smallest = min(c["BLOCK_M"] * c["BLOCK_N"] for c in configs)
     small = [c for c in configs if c["BLOCK_M"] * c["BLOCK_N"] <= max(smallest, 32 * 32)]
@@ -56,7 +58,7 @@ def test_matmul_a_rows_along_m(ops, device, rng, view, split_k, dtype):
     a = randn(rng, (stored, k), dtype, device) if view == "contiguous" else randn(rng, (k, stored), dtype, device).t()
     b, bias = randn(rng, (k, n), dtype, device), randn(rng, (n,), dtype, device)
     a_rows = with_outside(rng, m, stored, device)
-    config = pick(ops, "matmul", dtype, device, rng, split_k=split_k)
+    config = pick(ops, "matmul", dtype, device, rng, split_k=split_k, gathers=True)
     out = poisoned((m, n), dtype, device)
     assert ops.matmul(a, b, bias=bias, activation="relu", a_rows=a_rows, out=out, config=config) is out
     ref = exact.matmul(a, b, bias=bias, activation="relu", a_rows=a_rows)
@@ -73,7 +75,7 @@ def test_matmul_a_rows_along_k(ops, device, rng, trans_b, split_k, dtype):
     """trans_a with a_rows gathers along K (linear_sgd's x_rows): op(a)[:, j] = a[a_rows[j]]^T,
     zeros for an index outside a; split-K slices start their gather at their own offset."""
     m, n, stored = 17, 12, 31
-    config = pick(ops, "matmul", dtype, device, rng, split_k=split_k)
+    config = pick(ops, "matmul", dtype, device, rng, split_k=split_k, gathers=True)
     k = 45 if split_k == 1 else K_CASES["ragged"](split_k, config["BLOCK_K"])
     a = randn(rng, (stored, m), dtype, device)
     b = randn(rng, (n, k) if trans_b else (k, n), dtype, device)

@@ -182,11 +182,11 @@ def wgmma_tf32_configs(arch: int = 90) -> list[dict]:
     return [c for c in FP32_SPACE.configs(4, arch) if c["WGMMA"]]
 
 
-def wgmma_tf32_bound(tf32: int, k: int, a, b, ref, trans_a=False, trans_b=False) -> float:
+def wgmma_tf32_bound(tf32: int, k: int, a, b, ref, trans_a=False, trans_b=False, device="cuda") -> float:
     """3xTF32: the exact kernels' bound with the split's own (tf32x3_slack); TF32: its lower one."""
     if tf32 == SPLIT3:
-        return tolerance("fp32", k, "cuda") + tf32x3_slack(a, b, ref, trans_a, trans_b)
-    return 2 * 2.0**-11 + tolerance("fp32", k, "cuda")
+        return tolerance("fp32", k, device) + tf32x3_slack(a, b, ref, trans_a, trans_b)
+    return 2 * 2.0**-11 + tolerance("fp32", k, device)
 
 
 @pytest.mark.parametrize("arch", (75, 80, 86, 89, 100))
@@ -318,6 +318,73 @@ def test_fp32_calls_the_wgmma_kernel_cannot_take_are_config_errors(rng, what):
         {"relu_grad_of": randn(rng, (64, 64), "fp32", "cuda")}
     with pytest.raises(ValueError, match="^config: .*WGMMA=0"):
         kc.matmul(a, b, config=wgmma_tf32_configs()[0], **kwargs)
+
+
+# ----------------------------------------------------------------------------- Triton: split ahead
+# SPLIT_AHEAD = 1 (kernels_triton/matmul.py): op(A)'s and op(B)^T's parts written k-contiguous by a
+# pass, then the GEMM on them: the same parts as the split per tile, so under the interpreter the
+# same bits.
+
+TRITON_AHEAD_TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=2, num_stages=3)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("tf32", [SPLIT3, PLAIN])
+@pytest.mark.parametrize("m,n,k", [(37, 50, 129), (5, 3, 1), (40, 17, 70)])
+def test_triton_split_ahead_gives_the_products_of_the_split_per_tile(device, rng, m, n, k, tf32, trans_a, trans_b):
+    """Every layout (the pass transposes B and a transposed A), K with a tail and K not a multiple of 4
+    (the parts' rows padded), bias and ReLU: the bits of SPLIT_AHEAD = 0 where the interpreter
+    multiplies, and on a GPU within the bound of the precision."""
+    import kernels_triton as kt
+
+    a = randn(rng, (k, m) if trans_a else (m, k), "fp32", device)
+    b = randn(rng, (n, k) if trans_b else (k, n), "fp32", device)
+    bias = randn(rng, (n,), "fp32", device)
+    outs = [kt.matmul(a, b, bias=bias, activation="relu", trans_a=trans_a, trans_b=trans_b,
+                      config={**TRITON_AHEAD_TILE, "TF32": tf32, "SPLIT_AHEAD": ahead}) for ahead in (0, 1)]
+    ref = exact.matmul(a, b, bias=bias, activation="relu", trans_a=trans_a, trans_b=trans_b)
+    if device == "cpu":
+        assert torch.equal(outs[0], outs[1])
+    assert_rel(outs[1], ref, wgmma_tf32_bound(tf32, k, a, b, ref, trans_a, trans_b, device), "split ahead")
+
+
+def test_triton_split_ahead_keeps_ieee_specials(device, rng):
+    import kernels_triton as kt
+
+    check_ieee_specials(kt, device, rng, {**TRITON_AHEAD_TILE, "TF32": SPLIT3, "SPLIT_AHEAD": 1})
+
+
+def test_triton_split_ahead_is_matmuls_alone_and_refuses_gathered_rows(device, rng):
+    """The fused ops keep their split per tile; SPLIT_AHEAD needs TF32 parts; a_rows is a config error."""
+    import kernels_triton as kt
+
+    sp = kt.space("matmul", "fp32")
+    assert sp.params["SPLIT_AHEAD"] == (0, 1) and sp.default["SPLIT_AHEAD"] == 0
+    assert all(c["TF32"] for c in sp.configs(4, 90) if c["SPLIT_AHEAD"])
+    assert not any(c["SPLIT_AHEAD"] for c in sp.configs(4, 75))
+    for op in contract.FUSED_OPS:
+        assert kt.space(op, "fp32").params["SPLIT_AHEAD"] == (0,)
+    ahead = {**TRITON_AHEAD_TILE, "TF32": SPLIT3, "SPLIT_AHEAD": 1}
+    assert sp.cost(ahead, 4, 90)["smem_bytes"] == 2 * sp.cost({**ahead, "SPLIT_AHEAD": 0}, 4, 90)["smem_bytes"]
+    a, b = randn(rng, (30, 20), "fp32", device), randn(rng, (20, 8), "fp32", device)
+    with pytest.raises(ValueError, match="^config: SPLIT_AHEAD=1 .*a_rows"):
+        kt.matmul(a, b, a_rows=torch.arange(4, device=device), config=ahead)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)))
+def test_triton_split_ahead_on_the_gpu(rng, trans_a, trans_b):
+    """At ragged sizes of many tiles (1100 x 1300 x 300) on the Hopper tile it was measured at, and over
+    a K of 65,549, where only the per-k-block fp32 add keeps the tensor cores' rounding toward zero out."""
+    import kernels_triton as kt
+
+    tile = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_warps=8, num_stages=3)
+    for (m, n, k), tf32 in (((1100, 1300, 300), SPLIT3), ((1100, 1300, 300), PLAIN), (LONG_K, SPLIT3)):
+        a = randn(rng, (k, m) if trans_a else (m, k), "fp32", "cuda")
+        b = randn(rng, (n, k) if trans_b else (k, n), "fp32", "cuda")
+        out = kt.matmul(a, b, trans_a=trans_a, trans_b=trans_b, config={**tile, "TF32": tf32, "SPLIT_AHEAD": 1})
+        ref = exact.matmul(a, b, trans_a=trans_a, trans_b=trans_b)
+        assert_rel(out, ref, wgmma_tf32_bound(tf32, k, a, b, ref, trans_a, trans_b), f"{m}x{n}x{k} TF32={tf32}")
 
 
 # ----------------------------------------------------------------------------- the fused step's ops

@@ -75,6 +75,13 @@ SPLITK_CASES = [
 ]
 CASES = _cases() + [("matmul", dtype, arch, f"splitk{i}", cfg) for i, (dtype, arch, cfg, _) in enumerate(SPLITK_CASES)]
 
+# fp32 on TF32 tensor cores with the operands split per tile and split ahead, on sm_90: wgmma
+# either way. Split per tile, the parts are made in registers and stored back into shared memory
+# (k-major, as wgmma's tf32 form reads them) every k step; split ahead, they arrive there in
+# 16-byte copies (cp.async.cg) and nothing else is stored but the epilogue's.
+SPLIT_AHEAD_CASES = [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3, SPLIT_K=1,
+                          TF32=tf32, SPLIT_AHEAD=ahead) for tf32 in (3, 1) for ahead in (0, 1)]
+
 # The fused step's paths that no sample plan of compile_report takes, on the trainer's shapes
 # (built in the helper process by _SCRIPT's fused_path_plan), each with what its PTX must hold:
 # matmul gathering rows along M (the first forward) and along K (split-K slices offset their
@@ -120,7 +127,7 @@ def fused_path_plan(path, dtype, cfg):
         return plan_matmul(t(128, 10), t(1024, 10), trans_b=True, relu_grad_of=t(128, 1024), config=cfg)[1]
     return reports._sample_plan("linear_cross_entropy", dtype, cfg)
 
-cases, splitk, fused_paths, wgmma = json.load(sys.stdin)
+cases, splitk, fused_paths, wgmma, ahead = json.load(sys.stdin)
 results = {}
 for op, dtype, arch, label, cfg in cases:
     key = f"{op}-{dtype}-sm{arch}-{label}"
@@ -135,6 +142,14 @@ for dtype, arch, cfg, label in [(dtype, 90, None, f"wgmma-{dtype}") for dtype in
                               options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
     ptx = compiled.asm["ptx"]
     results[label] = [name for name in ("wgmma", "mma.sync", "tf32") if name in ptx]
+for i, cfg in ahead:
+    plan = reports._sample_plan("matmul", "fp32", kt.space("matmul", "fp32").resolve(cfg, 4, 90))
+    compiled = triton.compile(reports._ast_source(plan), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=plan.num_warps, num_stages=plan.num_stages))
+    ptx = compiled.asm["ptx"]
+    results[f"ahead{i}"] = {"instructions": [name for name in ("wgmma", "mma.sync", "tf32") if name in ptx],
+                            "narrow_copies": ptx.count("cp.async.ca."), "wide_copies": ptx.count("cp.async.cg."),
+                            "shared_stores": ptx.count("st.shared")}
 for path, dtype, arch, cfg, needles, i in fused_paths:
     try:
         cfg = kt.space("matmul", dtype).resolve(cfg, contract.DTYPES[dtype].itemsize, arch)
@@ -170,8 +185,10 @@ def reports(request):
     wanted = {p["i"] for p in params.get("test_fused_paths_compile", [])}
     fused = [(*case, i) for i, case in enumerate(FUSED_PATH_CASES) if i in wanted]
     wgmma = [p["dtype"] for p in params.get("test_matmul_default_uses_wgmma_on_hopper", [])]
+    ahead = [(i, c) for i, c in enumerate(SPLIT_AHEAD_CASES)
+             if c["TF32"] in {p["tf32"] for p in params.get("test_split_ahead_stores_no_parts_in_the_k_loop", [])}]
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([cases, splitk, fused, wgmma]),
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps([cases, splitk, fused, wgmma, ahead]),
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -213,6 +230,15 @@ def test_matmul_default_uses_wgmma_on_hopper(reports, dtype):
 def test_splitk_dot_instructions(reports, i):
     dtype, arch, cfg, instructions = SPLITK_CASES[i]
     assert reports[f"instructions-splitk{i}"] == instructions, f"{dtype} {cfg} on sm_{arch}"
+
+
+@pytest.mark.parametrize("tf32", [3, 1])
+def test_split_ahead_stores_no_parts_in_the_k_loop(reports, tf32):
+    per_tile, ahead = (reports[f"ahead{i}"] for i, c in enumerate(SPLIT_AHEAD_CASES) if c["TF32"] == tf32)
+    for result in (per_tile, ahead):
+        assert result["instructions"] == ["wgmma", "tf32"] and result["narrow_copies"] == 0, result
+    assert ahead["wide_copies"] == (2 if tf32 == 3 else 1) * per_tile["wide_copies"], (ahead, per_tile)
+    assert ahead["shared_stores"] < per_tile["shared_stores"], (ahead, per_tile)
 
 
 @pytest.mark.matrix
