@@ -195,6 +195,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_a_failed_stage_keeps_the_rea
     """The run's order on the CPU, every stage a stub: a failing stage is recorded and leaves the folder
     and the README alone; --resume runs again only what did not finish, the training step always (it
     skips the runs its CSVs hold), adds the times, and puts the finished run in place."""
+    import kernels_core.contract
     import kernels_core.provenance
     import kernels_core.store
     import torch
@@ -203,6 +204,7 @@ def test_a_stopped_run_resumes_where_it_stopped_and_a_failed_stage_keeps_the_rea
     monkeypatch.setattr(kernels_core.store, "local_gpu", lambda: None)  # no GPU to name: no store
     monkeypatch.setattr(kernels_core.provenance, "provenance", lambda: {"commit": "abc1234"})
     monkeypatch.setattr(kernels_core.provenance, "device_slug", lambda: "h200")  # torch here has no CUDA to ask
+    monkeypatch.setattr(kernels_core.contract, "device_arch", lambda device: 90)
     monkeypatch.setattr(headline, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(headline, "LOG", tmp_path / "headline.log")
     monkeypatch.setattr(headline, "warm_jobs", lambda *args: [])
