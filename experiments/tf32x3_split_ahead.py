@@ -63,6 +63,9 @@ from kernels_triton.matmul import _split_tf32
 # (227 KB: 128 x 256 x 32 on 3 stages wants 288 KB). A tile the twin's space or the GPU refuses
 # is a row that says so.
 TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128, 128, 16, 8, 4))
+# TILES' kin for the descriptor kernel, whose ring Triton sizes at num_stages + 1 buffers of four
+# parts (128 x 128 x 32 on 2 stages: 192 KB).
+TMA_TILES = ((128, 128, 32, 8, 2), (128, 128, 16, 8, 4), (128, 128, 16, 8, 3), (128, 64, 32, 4, 3))
 SPLIT_BLOCK = 4096
 SUMS = (2, 4)  # k slices whose products the tensor cores sum before each fp32 add, beyond the twins' 1
 # (BLOCK_M, BLOCK_N, stages, consumer warpgroups) of kernels_cuda/matmul_wgmma_tf32x3.cu, whose
@@ -169,6 +172,59 @@ def triton_dot_matmul(a: torch.Tensor, b: torch.Tensor, tiles, precision: str, b
     """A @ B by one Triton dot a k slice at `input_precision=precision` ("tf32x3", Triton's own
     3xTF32, or "tf32") on the fp32 tiles, on `tiles`; with b_kmajor `b` is B^T (N x K, contiguous)."""
     return split_ahead_matmul((a, a), (b, b), tiles, sum_every=-1, precision=precision, b_kmajor=b_kmajor)
+
+
+@triton.jit
+def tma_split_ahead_kernel(a_big, a_small, bt_big, bt_small, c_ptr, M, N, K, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                           PROGRAMS: tl.constexpr):
+    """split_ahead_kernel's 3xTF32 (the fp32 add after every k slice) with the four parts read through
+    tensor descriptors (the TMA on Hopper) rather than pointers: A's parts (M x K) and B^T's (N x K),
+    k-major. PROGRAMS > 0: persistent, that many programs walking the tiles; 0: a program a tile."""
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n
+    first = tl.program_id(0)
+    step_tiles = PROGRAMS if PROGRAMS > 0 else tiles
+    for tile in tl.range(first, tiles, step_tiles, flatten=True):
+        group = tile // (GROUP_M * tiles_n)
+        first_m = group * GROUP_M
+        rows = min(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows
+        pid_n = (tile % (GROUP_M * tiles_n)) // rows
+        m0, n0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ab, as_ = a_big.load([m0, k0]), a_small.load([m0, k0])
+            bb, bs = bt_big.load([n0, k0]).T, bt_small.load([n0, k0]).T
+            step = tl.dot(as_, bb, input_precision="tf32")
+            step = tl.dot(ab, bs, step, input_precision="tf32")
+            step = tl.dot(ab, bb, step, input_precision="tf32")
+            acc += step
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def tma_split_ahead_matmul(a_parts, bt_parts, tiles, persistent: bool = False) -> torch.Tensor:
+    """A @ B by tma_split_ahead_kernel from A's parts and B^T's (contiguous, K a multiple of 4), on
+    `tiles` (a TILES entry); persistent: a program an SM."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (a_big, a_small), (b_big, b_small) = a_parts, bt_parts
+    (m, k), n = a_big.shape, b_big.shape[0]
+    bm, bn, bk, warps, stages = tiles
+    descs = [TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in ((a_big, bm), (a_small, bm), (b_big, bn),
+                                                                           (b_small, bn))]
+    out = torch.empty((m, n), dtype=torch.float32, device=a_big.device)
+    tiles_count = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    # Persistent: a program an SM (under the interpreter 3, so that programs walk several tiles).
+    sms = torch.cuda.get_device_properties(a_big.device).multi_processor_count if a_big.is_cuda else 3
+    programs = min(sms, tiles_count) if persistent else 0
+    tma_split_ahead_kernel[(programs or tiles_count,)](*descs, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                        GROUP_M=8, PROGRAMS=programs, num_warps=warps,
+                                                        num_stages=stages)
+    return out
 
 
 def keep_row(rows: list[dict], row: dict, out) -> None:
@@ -281,12 +337,20 @@ def main(argv=None) -> int:
         parts, bt_parts = (split(a), split(b)), split(bt)
         timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
         timed("split_ahead_kmajor_b_gemm", label, lambda: split_ahead_matmul(parts[0], bt_parts, tiles, b_kmajor=True))
+
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
         for every in SUMS:
             timed(f"split_ahead_sum_every_{every}", label, lambda: split_ahead_matmul(*parts, tiles, every))
         # The price of the per-slice sum: every product carried in one accumulator, whose error over a
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
         timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
+    # The parts (A's, B^T's) through tensor descriptors: the TMA's loads, as the CUDA kernel's.
+    a_parts, bt_parts = split(a), split(bt)
+    for tiles in TMA_TILES:
+        label = "{}x{}x{} w{} s{}".format(*tiles)
+        for persistent in (False, True):
+            timed("split_ahead_tma_persistent_gemm" if persistent else "split_ahead_tma_gemm", label,
+                  lambda: tma_split_ahead_matmul(a_parts, bt_parts, tiles, persistent))
     # The Triton twin's fp32 matmul with SPLIT_AHEAD = 1 in 3xTF32 (its own split pass, then the GEMM
     # on k-major parts) at every config of its space with tiles of 64 rows and columns or more.
     import kernels_triton as kt
