@@ -28,7 +28,7 @@ it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselin
 (Triton's TF32 rate on those tiles: three such products bound what a Triton 3xTF32 kernel can reach,
 timed whatever its error, which is TF32's), the same with B stored k-major (B^T, contiguous: wgmma's
 tf32 form reads B k-major, and a row-major B reaches shared memory 4 bytes a copy to be laid out so),
-and the split-ahead kernel
+the split parts read through tensor descriptors (the TMA) at TMA_TILES, and the split-ahead kernel
 below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
 twins' rule), 2 or 4 k slices (SUMS), on B's parts stored k-major, and with every product carried
 in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
