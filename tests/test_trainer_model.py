@@ -130,7 +130,7 @@ def test_step_makes_exactly_the_tuned_calls_with_the_stores_configs(dtype, layer
     # the nearest-shape rule must hand it to the other "nn" matmuls.
     store = ConfigStore("cpu")
     tuned = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1,
-             **({"TF32": 3} if dtype == "fp32" else {})}  # a whole config: fp32's spaces have the TF32 tunable
+             **({"TF32": 3, "SPLIT_AHEAD": 0} if dtype == "fp32" else {})}  # a whole config: fp32's own tunables too
     store.put({"op": "matmul", "backend": "triton", "dtype": dtype, "shape": f"{batch}x{hidden}x784:nn",
                "config": tuned})
     spy = Spy(SHIM)
@@ -189,7 +189,7 @@ def test_a_store_config_below_the_dtypes_precision_is_said_once_when_it_runs(tmp
     key = "8x24x784:nn"
     store = ConfigStore("cpu")
     tf32 = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3, "SPLIT_K": 1,
-            "TF32": 1}
+            "TF32": 1, "SPLIT_AHEAD": 0}
     store.put({"op": "matmul", "backend": "triton", "dtype": "fp32", "shape": key, "config": tf32})
     save_store(tmp_path / "store.json", store)
     config = Config(backend="triton", hidden=24, batch_size=8, target="cpu", tuned_configs=str(tmp_path / "store.json"))
@@ -197,6 +197,6 @@ def test_a_store_config_below_the_dtypes_precision_is_said_once_when_it_runs(tmp
     assert configs.get("matmul", key) == tf32
     warnings = [line for line in capsys.readouterr().err.splitlines() if "computes in tf32, below fp32" in line]
     assert f"warning: matmul {key} runs a config of the store that computes in tf32, below fp32: " \
-        "BLOCK_K=32 BLOCK_M=32 BLOCK_N=64 GROUP_M=1 SPLIT_K=1 TF32=1 num_stages=3 num_warps=4" in warnings
+        "BLOCK_K=32 BLOCK_M=32 BLOCK_N=64 GROUP_M=1 SPLIT_AHEAD=0 SPLIT_K=1 TF32=1 num_stages=3 num_warps=4" in warnings
     # The nearest-shape rule and the fused ops' borrowing hand it to other calls: each said once.
     assert len(warnings) == len(set(warnings)) > 1
