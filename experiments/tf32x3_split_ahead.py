@@ -28,7 +28,8 @@ it is timed (kernels_core.timing, L2 flushed): cuBLAS fp32 and TF32 (the baselin
 (Triton's TF32 rate on those tiles: three such products bound what a Triton 3xTF32 kernel can reach,
 timed whatever its error, which is TF32's), the same with B stored k-major (B^T, contiguous: wgmma's
 tf32 form reads B k-major, and a row-major B reaches shared memory 4 bytes a copy to be laid out so),
-the split parts read through tensor descriptors (the TMA) at TMA_TILES, and the split-ahead kernel
+the split parts read through tensor descriptors (the TMA) at TMA_TILES, B's parts alone split ahead
+with A split in registers (wgmma's register A operand) at B_AHEAD_TILES, and the split-ahead kernel
 below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
 twins' rule), 2 or 4 k slices (SUMS), on B's parts stored k-major, and with every product carried
 in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
@@ -66,6 +67,8 @@ TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128,
 # TILES' kin for the descriptor kernel, whose ring Triton sizes at num_stages + 1 buffers of four
 # parts (128 x 128 x 32 on 2 stages: 192 KB).
 TMA_TILES = ((128, 128, 32, 8, 2), (128, 128, 16, 8, 4), (128, 128, 16, 8, 3), (128, 64, 32, 4, 3))
+# b_ahead_kernel's: A's raw tile and B's two parts a stage (128 x 128 x 32 on 4 stages: 192 KB).
+B_AHEAD_TILES = ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 64, 32, 4, 4), (128, 256, 32, 8, 2))
 SPLIT_BLOCK = 4096
 SUMS = (2, 4)  # k slices whose products the tensor cores sum before each fp32 add, beyond the twins' 1
 # (BLOCK_M, BLOCK_N, stages, consumer warpgroups) of kernels_cuda/matmul_wgmma_tf32x3.cu, whose
@@ -227,6 +230,58 @@ def tma_split_ahead_matmul(a_parts, bt_parts, tiles, persistent: bool = False) -
     return out
 
 
+@triton.jit
+def b_ahead_kernel(a_ptr, bt_big, bt_small, c_ptr, M, N, K, stride_am, ld_b, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """3xTF32 with B's parts split ahead (B^T's, k-major, ld_b floats a row) and A split in the kernel:
+    A (row-major fp32, k-major already) is loaded as it is and split in registers, which wgmma's tf32
+    form takes as its A operand, so no part of A goes back through shared memory and no pass writes
+    A's parts. The fp32 add after every k slice, as the twins'."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    first_m = pid // (GROUP_M * tiles_n) * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                    other=0.0)
+        b_mask = (ks[:, None] < K) & (offs_n[None, :] < N)
+        bb = tl.load(bt_big + offs_n[None, :] * ld_b + ks[:, None], mask=b_mask, other=0.0)
+        bs = tl.load(bt_small + offs_n[None, :] * ld_b + ks[:, None], mask=b_mask, other=0.0)
+        ab, as_ = _split_tf32(a)
+        step = tl.dot(as_, bb, input_precision="tf32")
+        step = tl.dot(ab, bs, step, input_precision="tf32")
+        step = tl.dot(ab, bb, step, input_precision="tf32")
+        acc += step
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def b_ahead_matmul(a: torch.Tensor, b: torch.Tensor, tiles, bt_parts=None) -> torch.Tensor:
+    """A @ B (both row-major, contiguous) by b_ahead_kernel on `tiles` (a TILES entry): B^T's parts by
+    the Triton twin's split pass, unless given as (big, small, ld) (the GEMM alone)."""
+    from kernels_triton import _runtime as kt_rt
+    from kernels_triton.matmul import split_ahead
+
+    (m, k), n = a.shape, b.shape[1]
+    if bt_parts is None:
+        big, plan = split_ahead(b, n, k, True, 3, "fp32", {})
+        kt_rt.launch(plan)
+        bt_parts = (big, plan.args["big_ptr"][1], plan.args["ld"])
+    big, small, ld = bt_parts
+    bm, bn, bk, warps, stages = tiles
+    out = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    b_ahead_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
+        a, big, small, out, m, n, k, a.stride(0), ld, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+        num_warps=warps, num_stages=stages)
+    return out
+
+
 def keep_row(rows: list[dict], row: dict, out) -> None:
     """A row measured: `out` rewritten with every row so far, each product's speed against the
     first's (cuBLAS fp32's; a row without TFLOP/s, a split pass, has none), so a run stopped later (a
@@ -344,6 +399,17 @@ def main(argv=None) -> int:
         # The price of the per-slice sum: every product carried in one accumulator, whose error over a
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
         timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
+    # B's parts split ahead, A split in the kernel (in registers, wgmma's A operand).
+    from kernels_triton import _runtime as kt_rt
+    from kernels_triton.matmul import split_ahead
+
+    big, b_plan = split_ahead(b, s, s, True, 3, "fp32", {})
+    kt_rt.launch(b_plan)
+    b_ahead = (big, b_plan.args["big_ptr"][1], b_plan.args["ld"])
+    for tiles in B_AHEAD_TILES:
+        label = "{}x{}x{} w{} s{}".format(*tiles)
+        timed("b_ahead_a_in_registers_gemm", label, lambda: b_ahead_matmul(a, b, tiles, b_ahead))
+        timed("b_ahead_a_in_registers_with_pass", label, lambda: b_ahead_matmul(a, b, tiles))
     # The parts (A's, B^T's) through tensor descriptors: the TMA's loads, as the CUDA kernel's.
     a_parts, bt_parts = split(a), split(bt)
     for tiles in TMA_TILES:

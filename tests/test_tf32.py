@@ -437,10 +437,12 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
     of x, and the GEMM on the parts of an irregular shape (edge tiles in M, N and K) stays within the
     exact kernels' fp32 bound against float64, whichever number of k slices its tensor cores sum
     before each fp32 add, and with B's parts stored k-major (B^T's), read through pointers or tensor
-    descriptors (one program a tile, or persistent); so does Triton's own tf32x3
+    descriptors (one program a tile, or persistent), and with B's parts alone split ahead and A split in
+    the kernel; so does Triton's own tf32x3
     beside it, and its one plain TF32 product (B row-major or k-major) stays within TF32's bound
     (the interpreter multiplies it in fp32)."""
-    from experiments.tf32x3_split_ahead import split, split_ahead_matmul, tma_split_ahead_matmul, triton_dot_matmul
+    from experiments.tf32x3_split_ahead import (b_ahead_matmul, split, split_ahead_matmul, tma_split_ahead_matmul,
+                                                triton_dot_matmul)
 
     m, n, k = 37, 45, 70
     a, b = randn(rng, (m, k), "fp32", device), randn(rng, (k, n), "fp32", device)
@@ -455,6 +457,8 @@ def test_the_split_ahead_experiment_splits_and_multiplies_within_the_fp32_bound(
     bt = b.t().contiguous()  # B stored k-major
     out = split_ahead_matmul(parts[0], split(bt), (16, 32, 16, 4, 2), b_kmajor=True)
     assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), "split ahead, B k-major")
+    out = b_ahead_matmul(a, b, (16, 32, 16, 4, 2))  # B's parts ahead, A split in the kernel
+    assert_rel(out, exact.matmul(a, b), tolerance("fp32", k, device), "B's parts ahead, A split in registers")
     for persistent in (False, True):  # the parts through tensor descriptors, whose rows are 16-byte multiples
         k4 = 68
         a4, b4 = a[:, :k4].contiguous(), b[:k4].contiguous()
