@@ -88,6 +88,14 @@ def split_kernel(x_ptr, big_ptr, small_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _grouped(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row, column) of C's tile number `tile` in the grouped order: GROUP_M tile rows column by column."""
+    first_m = tile // (GROUP_M * tiles_n) * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % (GROUP_M * tiles_n)) % rows, (tile % (GROUP_M * tiles_n)) // rows
+
+
+@triton.jit
 def _tiles(ptr_a, ptr_b, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn):
     """The (BLOCK_M x BLOCK_K) tile of A (row-major) and (BLOCK_K x BLOCK_N) tile of B at ks,
     zero outside; B row-major (stride_bn 1) or stored as B^T, k-major (stride_bk 1)."""
@@ -117,12 +125,7 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, stride_bk
     priced here, never used); -1: one Triton dot at PRECISION a slice, a_big and b_big given the fp32
     operands. B's parts row-major, or k-major (B^T's, stride_bk 1): wgmma's tf32 form reads both
     operands k-major from shared memory."""
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    first_m = pid // (GROUP_M * tiles_n) * GROUP_M
-    rows = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // rows
+    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -189,11 +192,7 @@ def tma_split_ahead_kernel(a_big, a_small, bt_big, bt_small, c_ptr, M, N, K, BLO
     first = tl.program_id(0)
     step_tiles = PROGRAMS if PROGRAMS > 0 else tiles
     for tile in tl.range(first, tiles, step_tiles, flatten=True):
-        group = tile // (GROUP_M * tiles_n)
-        first_m = group * GROUP_M
-        rows = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows
-        pid_n = (tile % (GROUP_M * tiles_n)) // rows
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
         m0, n0 = pid_m * BLOCK_M, pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -237,12 +236,7 @@ def b_ahead_kernel(a_ptr, bt_big, bt_small, c_ptr, M, N, K, stride_am, ld_b, BLO
     A (row-major fp32, k-major already) is loaded as it is and split in registers, which wgmma's tf32
     form takes as its A operand, so no part of A goes back through shared memory and no pass writes
     A's parts. The fp32 add after every k slice, as the twins'."""
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    first_m = pid // (GROUP_M * tiles_n) * GROUP_M
-    rows = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows
-    pid_n = (pid % (GROUP_M * tiles_n)) // rows
+    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
