@@ -5,6 +5,7 @@
 #define KERNELS_CUDA_HOPPER_CUH
 
 #include "dtypes.cuh"
+#include "ptx.cuh"
 #include "swizzle.cuh"
 
 // A CUtensorMap (cuda.h's opaque 128-byte, 64-byte aligned struct), passed by value as a
@@ -62,6 +63,16 @@ template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The operand ring in a kernel's dynamic shared memory `smem`: STAGES stages of `stage_bytes`,
+// 1024-aligned (the swizzle's period), then its barriers full[0 .. STAGES) and empty[0 .. STAGES),
+// 8 bytes each, from `bars` on. Returns the ring's shared address.
+template <int STAGES>
+__device__ __forceinline__ u32 ring_in(unsigned char* smem, u32 stage_bytes, u32& bars) {
+    const u32 ring = (smem_addr(smem) + 1023u) & ~1023u;
+    bars = ring + STAGES * stage_bytes;
+    return ring;
 }
 
 // The operand ring's barriers at `bars`, two per stage: full[s] (count 1: the producer arrives with

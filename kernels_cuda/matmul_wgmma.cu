@@ -113,11 +113,9 @@ matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant_
     static_assert(WM % 64 == 0 && (MI == 1 || MI == 2), "a consumer owns one or two m64 slabs");
     static_assert(BN == 64 || BN == 128 || BN == 256, "one wgmma spans the tile's columns");
 
-    // Dynamic shared memory: the ring, 1024-aligned (the swizzle's period), then the barriers
-    // full[0 .. STAGES) and empty[0 .. STAGES), 8 bytes each.
     extern __shared__ unsigned char smem_raw[];
-    const u32 ring = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 bars = ring + STAGES * STAGE_BYTES;
+    u32 bars;  // the ring's barriers, after it
+    const u32 ring = ring_in<STAGES>(smem_raw, STAGE_BYTES, bars);
 
     const int tiles_m = (M + BM - 1) / BM, tiles = tiles_m * ((N + BN - 1) / BN);
     const int ktiles = (K + BK - 1) / BK;

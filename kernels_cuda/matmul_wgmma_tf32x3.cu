@@ -117,11 +117,9 @@ matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __gri
     static_assert(STAGES >= 2, "a slice is loaded while the one before is read");
     static_assert(PARTS == 2 || (PARTS == 1 && SUM == 0), "3xTF32 from two parts, or plain TF32 in one accumulator");
 
-    // Dynamic shared memory: the ring, 1024-aligned (the swizzle's period), then the barriers
-    // full[0 .. STAGES) and empty[0 .. STAGES), 8 bytes each.
     extern __shared__ unsigned char smem_raw[];
-    const u32 ring = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const u32 bars = ring + STAGES * STAGE_BYTES;
+    u32 bars;  // the ring's barriers, after it
+    const u32 ring = ring_in<STAGES>(smem_raw, STAGE_BYTES, bars);
 
     const int tiles_m = (M + BM - 1) / BM, tiles = tiles_m * ((N + BN - 1) / BN);
     const int ktiles = (K + BK - 1) / BK;
