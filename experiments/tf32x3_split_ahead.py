@@ -256,18 +256,22 @@ def b_ahead_kernel(a_ptr, bt_big, bt_small, c_ptr, M, N, K, stride_am, ld_b, BLO
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def b_ahead_matmul(a: torch.Tensor, b: torch.Tensor, tiles, bt_parts=None) -> torch.Tensor:
-    """A @ B (both row-major, contiguous) by b_ahead_kernel on `tiles` (a TILES entry): B^T's parts by
-    the Triton twin's split pass, unless given as (big, small, ld) (the GEMM alone)."""
+def twin_parts(x: torch.Tensor, rows: int, k: int, trans: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(big, small, ld): op(x)'s 3xTF32 parts (rows x k; trans: x stores k x rows), k-contiguous, by
+    the Triton twin's split pass (kernels_triton/matmul.py: split_ahead)."""
     from kernels_triton import _runtime as kt_rt
     from kernels_triton.matmul import split_ahead
 
+    big, plan = split_ahead(x, rows, k, trans, 3, "fp32", {})
+    kt_rt.launch(plan)
+    return big, plan.args["big_ptr"][1], plan.args["ld"]
+
+
+def b_ahead_matmul(a: torch.Tensor, b: torch.Tensor, tiles, bt_parts=None) -> torch.Tensor:
+    """A @ B (both row-major, contiguous) by b_ahead_kernel on `tiles` (a TILES entry): B^T's parts by
+    the Triton twin's split pass, unless given (twin_parts': the GEMM alone)."""
     (m, k), n = a.shape, b.shape[1]
-    if bt_parts is None:
-        big, plan = split_ahead(b, n, k, True, 3, "fp32", {})
-        kt_rt.launch(plan)
-        bt_parts = (big, plan.args["big_ptr"][1], plan.args["ld"])
-    big, small, ld = bt_parts
+    big, small, ld = bt_parts or twin_parts(b, n, k, True)
     bm, bn, bk, warps, stages = tiles
     out = torch.empty((m, n), dtype=torch.float32, device=a.device)
     b_ahead_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
@@ -333,6 +337,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     a, b = (torch.randn((s, s), device="cuda", generator=gen) for _ in range(2))
     bt = b.t().contiguous()  # B stored k-major, as wgmma's tf32 form reads it
+    a_parts, b_parts, bt_parts = split(a), split(b), split(bt)  # the operands split once, for the GEMMs alone
     ref = a.double() @ b.double()
     flop = 2 * s ** 3
     rows, prov = [], provenance()
@@ -383,29 +388,23 @@ def main(argv=None) -> int:
         timed("triton_tf32", label, lambda: triton_dot_matmul(a, b, tiles, "tf32"), precise=False)
         timed("triton_tf32_kmajor_b", label, lambda: triton_dot_matmul(a, bt, tiles, "tf32", b_kmajor=True),
               precise=False)
-        parts, bt_parts = (split(a), split(b)), split(bt)
-        timed("split_ahead_gemm", label, lambda: split_ahead_matmul(*parts, tiles))
-        timed("split_ahead_kmajor_b_gemm", label, lambda: split_ahead_matmul(parts[0], bt_parts, tiles, b_kmajor=True))
+        timed("split_ahead_gemm", label, lambda: split_ahead_matmul(a_parts, b_parts, tiles))
+        timed("split_ahead_kmajor_b_gemm", label, lambda: split_ahead_matmul(a_parts, bt_parts, tiles, b_kmajor=True))
 
         timed("split_ahead_with_pass", label, lambda: split_ahead_matmul(split(a), split(b), tiles))
         for every in SUMS:
-            timed(f"split_ahead_sum_every_{every}", label, lambda: split_ahead_matmul(*parts, tiles, every))
+            timed(f"split_ahead_sum_every_{every}", label, lambda: split_ahead_matmul(a_parts, b_parts, tiles, every))
         # The price of the per-slice sum: every product carried in one accumulator, whose error over a
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
-        timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(*parts, tiles, 0), precise=False)
+        timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(a_parts, b_parts, tiles, 0),
+              precise=False)
     # B's parts split ahead, A split in the kernel (in registers, wgmma's A operand).
-    from kernels_triton import _runtime as kt_rt
-    from kernels_triton.matmul import split_ahead
-
-    big, b_plan = split_ahead(b, s, s, True, 3, "fp32", {})
-    kt_rt.launch(b_plan)
-    b_ahead = (big, b_plan.args["big_ptr"][1], b_plan.args["ld"])
+    b_ahead = twin_parts(b, s, s, True)
     for tiles in B_AHEAD_TILES:
         label = "{}x{}x{} w{} s{}".format(*tiles)
         timed("b_ahead_a_in_registers_gemm", label, lambda: b_ahead_matmul(a, b, tiles, b_ahead))
         timed("b_ahead_a_in_registers_with_pass", label, lambda: b_ahead_matmul(a, b, tiles))
     # The parts (A's, B^T's) through tensor descriptors: the TMA's loads, as the CUDA kernel's.
-    a_parts, bt_parts = split(a), split(bt)
     for tiles in TMA_TILES:
         label = "{}x{}x{} w{} s{}".format(*tiles)
         for persistent in (False, True):
@@ -414,14 +413,10 @@ def main(argv=None) -> int:
     # The Triton twin's fp32 matmul with SPLIT_AHEAD = 1 in 3xTF32 (its own split pass, then the GEMM
     # on k-major parts) at every config of its space with tiles of 64 rows and columns or more.
     import kernels_triton as kt
-    from kernels_triton import _runtime as kt_rt
-    from kernels_triton.matmul import split_ahead
 
-    def twin_pass():  # A's parts, and B^T's from the row-major B
-        for x, trans in ((a, False), (b, True)):
-            kt_rt.launch(split_ahead(x, s, s, trans, 3, "fp32", {})[1])
-
-    timed("triton_twin_split_pass", "", twin_pass, flops=False)
+    # A's parts, and B^T's from the row-major B
+    timed("triton_twin_split_pass", "", lambda: (twin_parts(a, s, s, False), twin_parts(b, s, s, True)) and None,
+          flops=False)
     space = kt.space("matmul", "fp32")
     for cfg in space.configs(4, 90):
         if (cfg["SPLIT_AHEAD"] and cfg["TF32"] == 3 and cfg["SPLIT_K"] == 1 and cfg["GROUP_M"] == 8
@@ -435,7 +430,6 @@ def main(argv=None) -> int:
         def transposed(x):  # B^T's parts: wgmma's tf32 form reads both operands k-major
             return split(x.t().contiguous())
 
-        a_parts, bt_parts = split(a), transposed(b)
         timed("wgmma_split_pass", "", lambda: (split(a), transposed(b)) and None, flops=False)
         for tile in WGMMA_TILES:
             label = "{}x{}x32 s{} c{}".format(*tile)
