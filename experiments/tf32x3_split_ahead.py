@@ -295,7 +295,9 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1, parts: int 
     contiguous, on `tile` (a WGMMA_TILES entry), the fp32 add after every `sum_every` k slices
     (0: one accumulator); `parts` 1: plain TF32 on the big parts alone (sum_every 0), the
     pipeline's own rate. Persistent, as matmul_wgmma.cu: no more blocks than fit at once."""
+    import kernels_cuda as kc
     from kernels_cuda import _runtime as rt, _tma
+    from kernels_cuda.matmul import launch_cost
 
     (a_big, a_small), (b_big, b_small) = a_parts, bt_parts
     (m, k), n = a_big.shape, b_big.shape[0]
@@ -308,10 +310,14 @@ def wgmma_tf32x3_matmul(a_parts, bt_parts, tile, sum_every: int = 1, parts: int 
     pairs = int(n % 2 == 0 and c.data_ptr() % 8 == 0)
     variant = rt.Variant("matmul_wgmma_tf32x3.cu", "matmul_wgmma_tf32x3_kernel",
                          (bm, bn, stages, consumers, 8, sum_every, pairs, parts, 0, 0), sm_suffix="a")
-    smem = stages * parts * (bm + bn) * 128 + 1024 + 16 * stages  # the ring, its alignment, the barriers
     dev = a_big.device.index
+    arch = rt.device_props(dev)[0]
+    # The twin's own launch cost of the tile (the ring, its alignment, the barriers; the threads).
+    cfg = kc.space("matmul", "fp32").resolve({"WGMMA": 1, "TF32": 3 if parts == 2 else 1, "BLOCK_M": bm, "BLOCK_N": bn,
+                                              "BLOCK_K": 32, "num_stages": stages, "num_warps": 4 * consumers}, 4, arch)
+    threads, smem = launch_cost("fp32", cfg, arch)
     blocks = rt.persistent_blocks(dev, triton.cdiv(m, bm) * triton.cdiv(n, bn), smem)
-    rt.launch(variant, dev, (blocks, 1, 1), (128 * (consumers + 1), 1, 1),
+    rt.launch(variant, dev, (blocks, 1, 1), (threads, 1, 1),
               (*maps, rt.ptr(None), rt.ptr(c), rt.i32(m), rt.i32(n), rt.i32(k)), smem,
               for_=("matmul_wgmma_tf32x3", "fp32", (*tile, sum_every, parts)))
     return c
