@@ -95,8 +95,7 @@ def _configs(store, dtype: str, key: str, wgmma: bool = False) -> dict:
         configs[backend] = [("default", None)]
         space = kernel_packages.space(backend, "matmul", dtype)
         if "TF32" in space.params:
-            configs[backend].append(("tf32x3", _nearest(space, TF32=3, WGMMA=0) if "WGMMA" in space.params
-                                     else _nearest(space, TF32=3)))
+            configs[backend].append(("tf32x3", _nearest(space, TF32=3)))
             if wgmma and "WGMMA" in space.params:
                 configs[backend].append(("tf32x3 wgmma", _nearest(space, TF32=3, WGMMA=1)))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")

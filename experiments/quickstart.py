@@ -125,9 +125,10 @@ def main(argv=None) -> int:
 
 def _quickstart(args: argparse.Namespace) -> int:
     py = sys.executable
-    if "PYTHONPYCACHEPREFIX" in child_env().keys() - os.environ.keys():
+    env = child_env()
+    if "PYTHONPYCACHEPREFIX" in env.keys() - os.environ.keys():
         print(f"PYTHONDONTWRITEBYTECODE is set: the commands below keep their Python bytecode under "
-              f"{child_env()['PYTHONPYCACHEPREFIX']}, so that each does not compile torch's modules again")
+              f"{env['PYTHONPYCACHEPREFIX']}, so that each does not compile torch's modules again")
     results: list = []
     skipped: list[str] = []
     outputs = [f"{OUT / 'runs'}/ (one CSV of steps and one JSON summary per training run)"]
