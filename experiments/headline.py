@@ -24,9 +24,10 @@ On a GPU, in this order (a progress bar per stage, a summary at the end):
            (experiments.report)
 
 The kernel and GEMM stages run every case `ROUNDS` times, each round in a fresh process: a table
-shows the median of the rounds and their range; a step time shows its median step and the
-20th-80th percentiles of its steps. Both are spreads within the run; how far another run moved each
-kind of figure is in experiments/FINDINGS.md, "The headline run".
+shows the median of the rounds and their range; a step time its median step. Each figure carries
+how far another run may move it: the wider of its band within the run (the rounds' range, a step
+time's 20th-80th percentiles) and the largest move of its kind between two runs on record
+(experiments.report; `--rerun` judges a second run and records the pair).
 
 The stages measure into <folder>.partial, which replaces the folder once every stage has finished
 ok: a run that fails or is stopped leaves the folder, and the README drawn from it, as they were.

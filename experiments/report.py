@@ -4,9 +4,14 @@
 
 Rewrites what lies between the markers `<!-- results:begin -->` and `<!-- results:end -->` in
 README.md from experiments/results/<gpu>/headline/. `--check` exits 1 if that section is stale,
-or if the run's CSVs mix commits or repeat a row: the section shows one run, whole. `--rerun
-FOLDER` compares another run's headline folder with that one, figure by figure, against the
-spreads that one reports (experiments/results/<gpu>/headline_rerun.csv).
+or if the run's CSVs mix commits or repeat a row: the section shows one run, whole.
+
+Each figure's spread is how far a next run may move it: the wider of the run's own band (the range
+of its rounds, or a step time's 20th-80th percentiles) and the largest move between two runs that
+figures of its kind have made in the pairs of runs on record (experiments/results/<gpu>/
+headline_reruns.csv). `--rerun FOLDER` judges another run's headline folder against that one's
+spreads, figure by figure, the record as it stood before (so the judgement is of a pair the spreads
+did not see), then adds the pair to the record.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from experiments import compare
@@ -28,6 +34,14 @@ STEP_CSVS = tuple(compare.csv_name(p) for p in compare.PROTOCOLS)  # the headlin
 # The seed project's published step-time speedups of its CUDA MLP over eager PyTorch on an RTX 3060
 # (experiments/FINDINGS.md, "Training step: seed protocol"); it gave no figure for H = 512 and 1024.
 SEED_PROJECT = {128: 5.2, 256: 5.2, 2048: 1.5, 4096: 1.5, 8192: 1.5}
+RERUNS = "headline_reruns.csv"  # the record of pairs of runs, in results/<gpu>/
+NEXT_RUN = ("`next run`: how far another run may move the figure, the wider of this run's band and the largest "
+            "move of a figure of its kind between two runs on record")
+# A trainer GEMM of a few µs moves between processes far more than a longer one (its time is a few
+# hundred cycles of latency: experiments/FINDINGS.md, "The headline run"), so the two are kinds apart.
+SHORT_GEMM_MS = 0.005
+KINDS = {"elementwise": "elementwise GB/s", "gemm": "square matmuls",
+         "short": "trainer GEMMs of 5 µs or less (graph replays)", "long": "trainer GEMMs over 5 µs (graph replays)"}
 
 
 class NotOneRun(ValueError):
@@ -74,11 +88,7 @@ def _x(v) -> str:
     return f"{v:.2f}×" if pd.notna(v) and v != "" else ""
 
 
-def _us_range(median: float, lo: float, hi: float) -> str:
-    return f"{median:.1f} ({lo:.1f}–{hi:.1f})"
-
-
-def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
+def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[str]:
     ok = df[df.status == "ok"]
     ew = ok[ok.group == "elementwise"]
     copy = copy_ceiling(ok)
@@ -86,7 +96,8 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
     ew_t = pd.DataFrame({"op": ew.op, "backend": ew.backend, "config": ew.config_label.str.replace("cuBLAS/", ""),
                          "GB/s (range of rounds)": [f"{m:.0f} ({lo:.0f}–{hi:.0f})" for m, lo, hi in
                                                     zip(ew["median"], ew.lo, ew.hi)],
-                         "% of copy": (100 * ew["median"] / copy).map("{:.1f}".format)})
+                         "% of copy": (100 * ew["median"] / copy).map("{:.1f}".format),
+                         "next run": spread(ew["median"], ew.lo, ew.hi, KINDS["elementwise"], between).map(_pm)})
     gemm = ok[ok.group == "gemm"]
     ms = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "time_ms")
     x = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "vs_torch")
@@ -96,12 +107,13 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
         "config": ms.config_label.str.replace("cuBLAS/aten", "cuBLAS"),
         "ms (range of rounds)": [f"{m:.3f} ({lo:.3f}–{hi:.3f})" for m, lo, hi in zip(ms["median"], ms.lo, ms.hi)],
         "TFLOP/s": (2 * size.astype(float) ** 3 / ms["median"] / 1e9).map("{:.0f}".format),
-        "vs cuBLAS": x["median"].map("{:.2f}".format)})
+        "vs cuBLAS": x["median"].map("{:.2f}".format),
+        "next run": spread(ms["median"], ms.lo, ms.hi, KINDS["gemm"], between).map(_pm)})
     rounds = int(gemm.rep.max()) + 1
     return [f"### Kernels against the device's ceilings (commit {commit})", "",
             f"Elementwise ops on 256M fp32 elements against a device-to-device copy of {copy:.0f} GB/s "
             f"(bytes read + written), L2 flushed between repetitions; the median of {rounds} rounds, each in a "
-            "process of its own, and their range:", "", _table(ew_t), "",
+            f"process of its own, and their range; {NEXT_RUN}:", "", _table(ew_t), "",
             "Square matmuls, each twin at its default config"
             + (", in 3xTF32 (fp32, `tf32x3`: its default, on the tensor cores where that is the FMA units'"
                " kernel" + ("; `tf32x3 wgmma`: the nearest config on Hopper's wgmma, the operands split ahead"
@@ -109,27 +121,29 @@ def kernels_section(df: pd.DataFrame, commit: str) -> list[str]:
                if (gemm.config_label == "tf32x3").any() else "")
             + " and at the store's tuned one (`tuned`), against cuBLAS through torch in the same round (fp32 with "
             "TF32 off" + ("; with it on, `cuBLAS TF32`, a lower precision" if (gemm.config_label == TORCH_TF32).any()
-                          else "") + "); `vs cuBLAS` is the median of the rounds' ratios:", "", _table(gemm_t), ""]
+                          else "") + "); `vs cuBLAS` is the median of the rounds' ratios; `next run` as above:", "",
+            _table(gemm_t), ""]
 
 
-def gemms_section(df: pd.DataFrame, commit: str) -> list[str]:
+def gemms_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[str]:
     """The trainer's GEMMs: CUDA-graph replays, the kernels' own time, each against cuBLAS."""
     ok = df[(df.group == "trainer") & (df.status == "ok")]
     t = _rounds(ok, ["dtype", "shape", "backend", "config_label"], "graph_ms")
     cublas = t[(t.backend == "torch") & (t.config_label == TORCH_IEEE)].set_index(["dtype", "shape"])["median"]
     t = t[t.backend != "torch"].copy()
     t["x"] = [cublas[(d, s)] / ms for d, s, ms in zip(t.dtype, t["shape"], t["median"])]
+    t["next"] = [spread(m, lo, hi, gemm_kind(m), between) for m, lo, hi in zip(t["median"], t.lo, t.hi)]
     summary = [{"dtype": dtype, "backend": backend, "config": label, "shapes": len(g),
                 "median vs cuBLAS": f"{g.x.median():.2f}×", "slowest": f"{g.x.min():.2f}×", "fastest": f"{g.x.max():.2f}×"}
                for (dtype, backend, label), g in t.groupby(["dtype", "backend", "config_label"])]
     tuned = t[t.config_label == "tuned"].pivot_table(index=["dtype", "shape"], columns="backend",
-                                                     values=["median", "x"], sort=False)
+                                                     values=["median", "x", "next"], sort=False)
     rows = []
     for (dtype, shape), r in tuned.iterrows():
         row = {"dtype": dtype, "shape": shape, "cuBLAS µs": f"{cublas[(dtype, shape)] * 1e3:.1f}"}
         for backend in ("cuda", "triton"):
-            ms, x = r.get(("median", backend)), r.get(("x", backend))
-            row[f"{backend} tuned µs"] = f"{ms * 1e3:.1f} ({x:.2f}×)" if pd.notna(ms) else ""
+            ms, x, nxt = (r.get((column, backend)) for column in ("median", "x", "next"))
+            row[f"{backend} tuned µs"] = f"{ms * 1e3:.1f} {_pm(nxt)} ({x:.2f}×)" if pd.notna(ms) else ""
         rows.append(row)
     return [f"### The trainer's GEMMs against cuBLAS (commit {commit})", "",
             f"Every distinct GEMM of both protocols' training steps at every width ({t['shape'].nunique()} "
@@ -137,6 +151,7 @@ def gemms_section(df: pd.DataFrame, commit: str) -> list[str]:
             "warm in L2, as in a graphed step), medians of the rounds (each in a process of its own); cuBLAS time / "
             "twin time:", "",
             _table(pd.DataFrame(summary)), "", "<details><summary>Per shape, tuned</summary>", "",
+            f"Each twin's time with its `next run` spread (above), then its speedup over cuBLAS:", "",
             _table(pd.DataFrame(rows)), "", "</details>", ""]
 
 
@@ -159,7 +174,7 @@ def headline_steps(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
+def steps_section(df: pd.DataFrame, commit: str, folder: Path, between: pd.Series) -> list[str]:
     from experiments.headline import MAX_AUTOTUNE_VARIANTS, STEPS
 
     _unique(df, ["variant", "hidden"], "a step-time table")
@@ -168,14 +183,16 @@ def steps_section(df: pd.DataFrame, commit: str, folder: Path) -> list[str]:
     widths = sorted(df.hidden.astype(int).unique())
     cells = {}
     for r in df.itertuples():
-        cells.setdefault(r.variant, {})[int(r.hidden)] = _us_range(r.median_step_us, r.p20_step_us, r.p80_step_us)
+        nxt = spread(float(r.median_step_us), float(r.p20_step_us), float(r.p80_step_us), step_kind(r.variant), between)
+        cells.setdefault(r.variant, {})[int(r.hidden)] = f"{float(r.median_step_us):.1f} {_pm(nxt)}"
     order = [v for v in compare.VARIANTS if v in cells or v in MAX_AUTOTUNE_VARIANTS]
     table = pd.DataFrame([{"variant": v, **{f"H={h}": cells.get(v, {}).get(h, "`--full`" if v in MAX_AUTOTUNE_VARIANTS else "")
                                            for h in widths}} for v in order])
     what = ("the seed project's protocol" if protocol == "seed" else "the trainer's defaults")
     lines = [f"### Training step, {what}: {p.net}, {p.dtype}, batch {p.batch_size} (commit {commit})", "",
-             f"Median step time in µs over {STEPS} steps (20th–80th percentile of the steps), data gather "
-             "included, compilation and autotuning excluded; `--full` marks the max-autotune variants, "
+             f"Median step time in µs over {STEPS} steps, ± how far another run may move it (the wider of the "
+             "band from its steps' 20th to 80th percentile and the largest move of that variant's step time "
+             "between two runs on record), data gather included, compilation and autotuning excluded; `--full` marks the max-autotune variants, "
              "measured only by `python -m experiments.headline --full` (they spend minutes autotuning each "
              "width's GEMMs):", "", _table(table), ""]
     speed = headline_steps(df)
@@ -214,6 +231,7 @@ def render(gpu: str) -> str:
     frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", *STEP_CSVS, "tuning.csv",
                                               "stages.csv")}
     found = {name: df for name, df in frames.items() if df is not None and len(df)}
+    between = between_runs(reruns(gpu))
     if "stages.csv" not in found:
         return "\n".join([BEGIN, "", "No results yet: run `python -m experiments.headline` on a GPU.", "", END])
     commits = {str(c) for df in found.values() for c in df["commit"].dropna().unique()}
@@ -228,25 +246,25 @@ def render(gpu: str) -> str:
              f"{str(prov['utc'])[:10]}, {stack}, commit {commit}, config store `{stages.config_store.iloc[0]}`. "
              "Earlier runs, and why each number is what it is, are in `experiments/FINDINGS.md`.", ""]
     if "kernels.csv" in found:
-        lines += kernels_section(found["kernels.csv"], commit)
+        lines += kernels_section(found["kernels.csv"], commit, between)
         if (folder / "roofline.png").exists():
             lines += [f"![kernels against the measured ceilings]({(folder / 'roofline.png').relative_to(README.parent)})", ""]
     if "trainer_gemms.csv" in found:
-        lines += gemms_section(found["trainer_gemms.csv"], commit)
+        lines += gemms_section(found["trainer_gemms.csv"], commit, between)
     for name in STEP_CSVS:
         if name in found:
-            lines += steps_section(load_compare(folder / name), commit, folder)
+            lines += steps_section(load_compare(folder / name), commit, folder, between)
     if "tuning.csv" in found:
         lines += tuning_section(found["tuning.csv"], commit)
     return "\n".join([BEGIN, "", *lines, END])
 
 
 def figures(folder: Path) -> pd.DataFrame:
-    """Every figure of a headline folder with the spread it reports: (kind, figure, median, lo, hi)."""
+    """Every figure of a headline folder with the band it reports: (kind, figure, median, lo, hi)."""
     parts = []
     kernels = pd.read_csv(folder / "kernels.csv", dtype=AS_TEXT)
     kernels = kernels[kernels.status == "ok"]
-    for group, value, kind in (("elementwise", "gbps", "elementwise GB/s"), ("gemm", "time_ms", "square matmuls")):
+    for group, value, kind in (("elementwise", "gbps", KINDS["elementwise"]), ("gemm", "time_ms", KINDS["gemm"])):
         t = _rounds(kernels[kernels.group == group], ["op", "dtype", "shape", "backend", "config_label"], value)
         parts.append(pd.DataFrame({"kind": kind, "figure": [f"{group} {value} " + " ".join(map(str, k)) for k in
                                               zip(t.op, t.dtype, t["shape"], t.backend, t.config_label)],
@@ -254,41 +272,83 @@ def figures(folder: Path) -> pd.DataFrame:
     gemms = pd.read_csv(folder / "trainer_gemms.csv", dtype=AS_TEXT)
     t = _rounds(gemms[(gemms.group == "trainer") & (gemms.status == "ok")], ["dtype", "shape", "backend", "config_label"],
                 "graph_ms")
-    parts.append(pd.DataFrame({"kind": "trainer GEMMs (graph replays)",
+    parts.append(pd.DataFrame({"kind": t["median"].map(gemm_kind),
                                "figure": [f"trainer graph_ms {d} {s} {b} {c}" for d, s, b, c in
                                           zip(t.dtype, t["shape"], t.backend, t.config_label)],
                                "median": t["median"], "lo": t.lo, "hi": t.hi}))
     for name in STEP_CSVS:
         df = pd.read_csv(folder / name, dtype=AS_TEXT)
-        parts.append(pd.DataFrame({"kind": "step, " + df.variant,
+        parts.append(pd.DataFrame({"kind": df.variant.map(step_kind),
                                    "figure": [f"step_us {p} H={h} {v}" for p, h, v in zip(df.protocol, df.hidden, df.variant)],
                                    "median": df.median_step_us, "lo": df.p20_step_us, "hi": df.p80_step_us}))
     return pd.concat(parts, ignore_index=True)
 
 
-def rerun(first: Path, second: Path) -> pd.DataFrame:
+def gemm_kind(ms: float) -> str:
+    return KINDS["short"] if ms <= SHORT_GEMM_MS else KINDS["long"]
+
+
+def step_kind(variant: str) -> str:
+    return f"step, {variant}"
+
+
+def band(median, lo, hi):
+    """A figure's own band as a fraction either side of its median: a step time's percentiles lie
+    unevenly about it, so the farther end."""
+    return np.maximum(hi / median - 1, 1 - lo / median)
+
+
+def between_runs(record: pd.DataFrame) -> pd.Series:
+    """Per kind of figure, the largest move between the two runs of a pair on record (a fraction)."""
+    if record.empty:
+        return pd.Series(dtype=float)
+    return record.moved.abs().groupby(record.kind).max()
+
+
+def spread(median, lo, hi, kind: str, between: pd.Series):
+    """How far a next run may move a figure: the wider of its own band and its kind's moves on record."""
+    return np.maximum(band(median, lo, hi), between.get(kind, 0.0))
+
+
+def _pm(fraction) -> str:
+    return f"±{100 * fraction:.1f}%"
+
+
+def reruns(gpu: str) -> pd.DataFrame:
+    path = results_dir(gpu) / RERUNS
+    return pd.read_csv(path, dtype={"commit": str, "commit_second": str}) if path.exists() else pd.DataFrame(
+        columns=["kind", "moved", "commit", "commit_second"])
+
+
+def rerun(first: Path, second: Path, record: pd.DataFrame) -> pd.DataFrame:
     """Each figure of two headline runs, and whether the second's median lies within the spread the
-    first reports for it: as far from the first's median as the farther end of its range."""
+    first reports for it, the kinds' moves taken from `record` (pairs other than this one)."""
     a, b = figures(first), figures(second)
     both = a.merge(b[["figure", "median"]], on="figure", suffixes=("", "_second"))
     both["moved"] = both.median_second / both["median"] - 1
-    # The spread as a band either side of the median: a step time's percentiles lie unevenly about it.
-    both["spread"] = pd.concat([both.hi / both["median"] - 1, 1 - both.lo / both["median"]], axis=1).max(axis=1)
+    between = between_runs(record)
+    both["band"] = band(both["median"], both.lo, both.hi)
+    both["between_runs"] = both.kind.map(between).fillna(0.0)
+    both["spread"] = both[["band", "between_runs"]].max(axis=1)
     both["within_spread"] = both.moved.abs() <= both.spread
-    for column, folder in (("commit", first), ("commit_second", second)):
-        both[column] = pd.read_csv(folder / "stages.csv", dtype=AS_TEXT).commit.iloc[0]
+    both["commit"], both["commit_second"] = run_commit(first), run_commit(second)
     return both
+
+
+def run_commit(folder: Path) -> str:
+    return pd.read_csv(folder / "stages.csv", dtype=AS_TEXT).commit.iloc[0]
 
 
 def rerun_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per kind of figure, as rerun judged them: how many, how many within the first run's spread,
-    the median and largest move and the median spread, in %."""
+    the median and largest move, the median band and the kind's largest move on record before, in %."""
     g = table.groupby("kind", sort=False)
     pct = lambda s: (100 * s).round(1)  # noqa: E731
     return pd.DataFrame({"n": g.size(), "within": g.within_spread.sum(),
                          "median move %": pct(g.moved.apply(lambda m: m.abs().median())),
                          "largest move %": pct(g.moved.apply(lambda m: m.abs().max())),
-                         "median spread %": pct(g.spread.median())}).reset_index()
+                         "median band %": pct(g.band.median()),
+                         "on record %": pct(g.between_runs.max())}).reset_index()
 
 
 def _spliced(gpu: str) -> tuple[str, str]:
@@ -311,17 +371,23 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if the section is stale, or the run's CSVs mix commits or repeat a row")
     ap.add_argument("--rerun", type=Path, metavar="FOLDER",
-                    help="compare another headline run's folder with this GPU's: writes headline_rerun.csv beside it")
+                    help="judge another headline run's folder against this GPU's spreads, then add the pair to "
+                         f"the record ({RERUNS} beside it)")
     args = ap.parse_args(argv)
     if args.rerun:
-        table = rerun(results_dir(args.gpu) / "headline", args.rerun)
-        out = results_dir(args.gpu) / "headline_rerun.csv"
-        table.to_csv(out, index=False)
+        out = results_dir(args.gpu) / RERUNS
+        first = results_dir(args.gpu) / "headline"
+        record = reruns(args.gpu)
+        pair = (run_commit(first), run_commit(args.rerun))
+        earlier = record[(record.commit != pair[0]) | (record.commit_second != pair[1])]
+        table = rerun(first, args.rerun, earlier)
         print(f"{int(table.within_spread.sum())} of {len(table)} figures of {args.rerun} lie within the spread this "
-              f"run reports:\n{rerun_summary(table).to_string(index=False)}\nthe largest moves:\n"
-              + table.reindex(table.moved.abs().sort_values(ascending=False).index).head(8)
+              f"run reports ({len(earlier.groupby(['commit', 'commit_second']))} earlier pairs on record):\n"
+              f"{rerun_summary(table).to_string(index=False)}\nthe largest moves against their spreads:\n"
+              + table.reindex((table.moved.abs() / table.spread).sort_values(ascending=False).index).head(8)
               .drop(columns="kind").to_string(index=False))
-        print(f"wrote {out}")
+        pd.concat([earlier, table], ignore_index=True).to_csv(out, index=False)
+        print(f"added the pair {pair[0]} / {pair[1]} to {out}")
         return 0
     try:
         text, new = _spliced(args.gpu)

@@ -55,21 +55,32 @@ def results(tmp_path, monkeypatch):
     return tmp_path / "gpu" / "headline"
 
 
+def plant_record(folder, moves):
+    """A record of one earlier pair of runs: a figure per kind, moved by the given fraction."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([dict(kind=kind, figure=f"figure {i}", moved=m, commit="0123abc", commit_second="0123abc")
+                  for i, (kind, m) in enumerate(moves.items())]).to_csv(folder / report.RERUNS, index=False)
+
+
 def test_the_section_shows_one_run_and_names_its_commit_once_per_table(results):
     fake_run(results)
+    plant_record(results.parent, {"square matmuls": -0.2, "step, cuda-tuned": 0.1,
+                                  "trainer GEMMs over 5 µs (graph replays)": 0.03})
     text = report.render("gpu")
     assert "(5.0 min): NVIDIA H200, 2026-12-04" in text and "config store `store.json`" in text
     titles = [line for line in text.splitlines() if line.startswith("### ")]
     assert len(titles) == 5 and all(t.endswith("(commit abc1234)") for t in titles)
-    # Kernels: medians of the rounds and their range; the ratio to the copy and to cuBLAS of each round.
-    assert "| relu | cuda | default | 3780 (3600–3960) | 94.5 |" in text
-    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 |" in text
-    assert "| 4096³ fp16 | torch | cuBLAS | 2.100 (2.000–2.200) | 65 | 1.00 |" in text
-    # The trainer's GEMMs: the median time over rounds, cuBLAS's over the twin's.
+    # Kernels: medians of the rounds and their range; the ratio to the copy and to cuBLAS of each round;
+    # the next run's spread, the wider of the rounds' band and the kind's largest move on record.
+    assert "| relu | cuda | default | 3780 (3600–3960) | 94.5 | ±4.8% |" in text  # no elementwise pair on record
+    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | ±20.0% |" in text
+    assert "| 4096³ fp16 | torch | cuBLAS | 2.100 (2.000–2.200) | 65 | 1.00 | ±20.0% |" in text
+    # The trainer's GEMMs: the median time over rounds, cuBLAS's over the twin's; rounds of 12 and 36 µs.
     assert "| fp32 | cuda | tuned | 1 | 2.00× | 2.00× | 2.00× |" in text
-    assert "| fp32 | 128x1024x784:nn | 48.0 | 24.0 (2.00×) | 16.0 (3.00×) |" in text
-    # Steps: median (p20-p80), the max-autotune variants marked where not measured.
-    assert "| cuda-tuned | 45.0 (44.0–47.0) | 45.0 (44.0–47.0) |" in text
+    assert "| fp32 | 128x1024x784:nn | 48.0 | 24.0 ±50.0% (2.00×) | 16.0 ±50.0% (3.00×) |" in text
+    # Steps: median, ± the wider of p20-p80's farther end and the record; max-autotune marked where not measured.
+    assert "| cuda-tuned | 45.0 ±10.0% | 45.0 ±10.0% |" in text
+    assert "| torch-eager | 400.0 ±0.5% | 400.0 ±0.5% |" in text
     assert "| torch-compile-max-graph | `--full` | `--full` |" in text
     assert "| 128 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 |" in text
     assert "| 256 | 45.0 | 2.00× | 8.89× | 60.0 | 1.50× | 6.67× | torch-compile-graph 90.0 | ~5.2× |" in text
@@ -156,26 +167,54 @@ def test_the_compile_stage_builds_what_the_timed_stages_run_and_nothing_else(tmp
 def test_a_rerun_is_judged_figure_by_figure_against_the_first_runs_spread(tmp_path):
     fake_run(tmp_path / "first")
     fake_run(tmp_path / "second", twin_ms=(1.02, 4.0))  # cuda's default 4096^3 moves 2%: its rounds span 10%
-    table = report.rerun(tmp_path / "first", tmp_path / "second").set_index("figure")
+    none = pd.DataFrame(columns=["kind", "moved"])
+    table = report.rerun(tmp_path / "first", tmp_path / "second", none).set_index("figure")
     assert table.within_spread.all() and len(table) == 1 + 3 + 3 + 16
     assert table.loc["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default", "moved"] == pytest.approx(0.02)
     fake_run(tmp_path / "second", twin_ms=(1.2, 4.0))
-    table = report.rerun(tmp_path / "first", tmp_path / "second").set_index("figure")
+    table = report.rerun(tmp_path / "first", tmp_path / "second", none).set_index("figure")
     assert list(table.index[~table.within_spread]) == ["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default"]
+    # A square matmul moved 25% between two earlier runs: 20% is within what that kind does.
+    record = pd.DataFrame([dict(kind="square matmuls", moved=-0.25), dict(kind="step, cuda-tuned", moved=0.01)])
+    table = report.rerun(tmp_path / "first", tmp_path / "second", record).set_index("figure")
+    assert table.within_spread.all()
+    assert table.loc["gemm time_ms matmul fp16 4096x4096x4096:nn cuda default", "spread"] == pytest.approx(0.25)
 
 
 def test_a_reruns_summary_counts_each_kind_of_figure(tmp_path):
     fake_run(tmp_path / "first")
     fake_run(tmp_path / "second", twin_ms=(1.3, 4.0))  # one square matmul 30% slower, outside its 10%
-    summary = report.rerun_summary(report.rerun(tmp_path / "first", tmp_path / "second")).set_index("kind")
-    assert list(summary.index) == ["elementwise GB/s", "square matmuls", "trainer GEMMs (graph replays)",
+    record = pd.DataFrame([dict(kind="step, cuda-tuned", moved=-0.08)])
+    summary = report.rerun_summary(report.rerun(tmp_path / "first", tmp_path / "second", record)).set_index("kind")
+    assert list(summary.index) == ["elementwise GB/s", "square matmuls", "trainer GEMMs over 5 µs (graph replays)",
                                    "step, torch-eager", "step, torch-compile-graph", "step, cuda-tuned",
                                    "step, triton-tuned"]
     assert summary.n.tolist() == [1, 3, 3, 4, 4, 4, 4] and summary.within.tolist() == [1, 2, 3, 4, 4, 4, 4]
     squares = summary.loc["square matmuls"]
     assert (squares["median move %"], squares["largest move %"]) == (0.0, 30.0)
-    assert squares["median spread %"] == round(100 * (1.1 / 1.05 - 1), 1)  # rounds 1.0 and 1.1 about their median
-    assert summary.loc["step, cuda-tuned", "median spread %"] == pytest.approx(4.4)  # p80 2 µs above 45
+    assert squares["median band %"] == round(100 * (1.1 / 1.05 - 1), 1)  # rounds 1.0 and 1.1 about their median
+    assert summary.loc["step, cuda-tuned", "median band %"] == pytest.approx(4.4)  # p80 2 µs above 45
+    assert summary.loc["step, cuda-tuned", "on record %"] == 8.0 and summary.loc["square matmuls", "on record %"] == 0
+
+
+def test_a_short_trainer_gemm_is_a_kind_of_its_own():
+    assert report.gemm_kind(0.0049) != report.gemm_kind(0.0051)
+    assert report.gemm_kind(report.SHORT_GEMM_MS) == report.KINDS["short"]
+
+
+def test_rerun_judges_a_pair_by_the_pairs_before_it_and_adds_it_to_the_record(results, tmp_path, capsys):
+    """The pair's own moves never widen the spreads it is judged by: judged again, it replaces itself."""
+    fake_run(results)
+    second = tmp_path / "second"
+    fake_run(second, twin_ms=(1.3, 4.0))  # 30% off a 10% band
+    plant_record(results.parent, {"square matmuls": 0.05})
+    assert report.main(["--gpu", "gpu", "--rerun", str(second)]) == 0
+    assert "22 of 23 figures" in capsys.readouterr().out
+    record = pd.read_csv(results.parent / report.RERUNS, dtype={"commit": str})
+    assert len(record) == 1 + 23 and record.within_spread.sum() == 22
+    assert report.main(["--gpu", "gpu", "--rerun", str(second)]) == 0
+    assert "22 of 23 figures" in capsys.readouterr().out
+    assert len(pd.read_csv(results.parent / report.RERUNS)) == 1 + 23
 
 
 def test_resume_keeps_a_finished_runs_stages_and_refuses_another_commits(tmp_path):
