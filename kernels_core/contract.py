@@ -335,6 +335,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# CUDA's grid: up to 2**31 - 1 blocks along x, 65535 along y and z.
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def check_grid(what: str, grid: tuple[int, ...]) -> None:
+    """Refuses, in one line, a launch whose grid CUDA cannot run (the driver's own error names no call)."""
+    for axis, (blocks, limit) in enumerate(zip(grid, GRID_LIMITS)):
+        if blocks > limit:
+            raise ValueError(f"{what}: the call needs {blocks} blocks along grid axis {'xyz'[axis]}, past CUDA's "
+                             f"{limit}; it is too large for this kernel")
+
+
 def label_flag(device: torch.device, what: str = "softmax_cross_entropy") -> torch.Tensor:
     """int64 [3] on `device`: zeros, or (1, a label, N) once softmax_cross_entropy
     met a label outside [0, N) there (rows racing to write it all write a bad

@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from kernels_core import compile_only
+from kernels_core import compile_only, contract
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -210,6 +210,7 @@ def tag(op: str, dtype: str, cfg: Mapping[str, int]) -> tuple:
 
 
 def launch(variant: Variant, device: int, grid, block, args, smem: int = 0, *, for_: tuple) -> None:
+    contract.check_grid(for_[0], tuple(grid))
     _, smem_limit = device_props(device)
     if smem > smem_limit:
         raise ValueError(f"config: needs {smem} bytes of shared memory per block, the GPU allows {smem_limit}")

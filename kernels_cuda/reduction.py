@@ -39,8 +39,6 @@ def bias_grad(grad, *, out=None, config=None):
     vec = rt.pick_vec(cfg["VEC"], grad.element_size(), (grad,), (ncols,))
     threads = 32 * cfg["num_warps"]
     grid = (cdiv(nrows, cfg["num_warps"] * cfg["ITEMS"]), cdiv(ncols, 32 * vec), 1)
-    if grid[1] > 65535:
-        raise ValueError(f"grad: {ncols} columns need {grid[1]} column blocks, more than the 65535 grid.y allows")
     dtype = dtype_name(grad.dtype)
     rt.launch(bias_grad_variant(dtype, cfg, vec), dev, grid, (threads, 1, 1),
               (rt.ptr(grad), rt.ptr(out), rt.i64(nrows), rt.i64(ncols)), for_=rt.tag("bias_grad", dtype, cfg))

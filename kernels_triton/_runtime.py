@@ -112,6 +112,7 @@ def config_key(op: str, dtype: str, config: Mapping[str, int]) -> tuple:
 def launch(plan: Plan) -> None:
     for first in plan.before:
         launch(first)
+    contract.check_grid(plan.op, plan.grid)
     device = next(v.device for v in plan.args.values() if isinstance(v, torch.Tensor))
     if compile_only.active() and interpreting():
         return  # the interpreter compiles nothing

@@ -175,9 +175,11 @@ def _split_kernel(x_ptr, big_ptr, R, K, stride_r, stride_k, ld, part, TF32: tl.c
     """SPLIT_AHEAD's pass: X (R x K, element (r, k) at x_ptr + r * stride_r + k * stride_k) into its
     TF32 parts, k-contiguous, ld elements a row: 3xTF32's big and, `part` elements on, small
     (TF32 = 3), or TF32's rounding (TF32 = 1). Triton lays a tile out anew between the load and the
-    store when X is not k-contiguous: the transpose of a row-major B."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    store when X is not k-contiguous: the transpose of a row-major B. One grid axis, rows fastest (a
+    second axis would hold at most 65535 k blocks, K up to about 4.2M)."""
+    tiles_r = tl.cdiv(R, BLOCK_R)
+    offs_r = (tl.program_id(0) % tiles_r) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_k = (tl.program_id(0) // tiles_r) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (offs_r[:, None] < R) & (offs_k[None, :] < K)
     x = tl.load(x_ptr + offs_r[:, None] * stride_r + offs_k[None, :] * stride_k, mask=mask, other=0.0)
     dst = big_ptr + offs_r[:, None] * ld + offs_k[None, :]
@@ -584,13 +586,14 @@ def split_ahead(x: torch.Tensor, rows: int, K: int, trans: bool, tf32: int, dtyp
     contiguous (trans: x stores K x rows), ld = K rounded up to 4 (16-byte rows), in a new workspace
     (a CUDA graph's pool in a capture); 3xTF32's small part lies `part` elements after the big."""
     ld = cdiv(K, 4) * 4
-    parts = torch.empty((2 if tf32 == 3 else 1, rows, ld), dtype=torch.float32, device=x.device)
-    if parts.numel() > _MAX_I32 or _span(x) > _MAX_I32:
+    shape = (2 if tf32 == 3 else 1, rows, ld)
+    if shape[0] * rows * ld > _MAX_I32 or _span(x) > _MAX_I32:
         raise ValueError(f"config: SPLIT_AHEAD=1 would split a {rows}x{K} operand into more than 2**31 elements; "
                          "the kernel uses 32-bit offsets")
+    parts = torch.empty(shape, dtype=torch.float32, device=x.device)
     stride_r, stride_k = (x.stride(1), x.stride(0)) if trans else (x.stride(0), x.stride(1))
     part = parts.stride(0) if tf32 == 3 else 0
-    grid = (cdiv(rows, SPLIT_BLOCK), cdiv(K, SPLIT_BLOCK))
+    grid = (cdiv(rows, SPLIT_BLOCK) * cdiv(K, SPLIT_BLOCK),)
     return parts[0], rt.Plan("tf32_split", dtype, cfg, _split_kernel, grid,
                              dict(x_ptr=x, big_ptr=parts, R=rows, K=K, stride_r=stride_r, stride_k=stride_k, ld=ld,
                                   part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK), num_warps=4)

@@ -89,6 +89,18 @@ def test_elementwise_and_reductions_are_tagged_by_op_and_dtype(fake_gpu, rng):
     assert kc.resource_report("relu_backward", "fp16", {"VEC": 2}) is None
 
 
+def test_a_grid_past_cudas_limits_is_refused_before_anything_is_built(fake_gpu):
+    """bias_grad's column blocks lie along grid.y: 8.4M fp32 columns need 65,536 of them at its widest
+    vector, one past CUDA's 65,535."""
+    ncols = 65536 * 32 * 4
+    with pytest.raises(ValueError, match=r"^bias_grad: the call needs 65536 blocks along grid axis y, past CUDA's "
+                                         "65535; it is too large for this kernel$"):
+        kc.bias_grad(torch.ones(1, ncols), config={"VEC": 4})
+    assert not fake_gpu, "nothing compiled or loaded"
+    kc.bias_grad(torch.ones(1, ncols - 32 * 4), config={"VEC": 4})
+    assert len(fake_gpu) == 1
+
+
 def test_compile_only_loads_each_kernel_of_a_call_and_runs_none(fake_gpu, rng):
     """The tuner's compile pool (kernels_core.compile_only): a split-K matmul's kernel and the
     fused loss's are compiled and loaded, and launched only outside it."""

@@ -8,6 +8,7 @@ cores' accumulation; the CUDA twin's (matmul_tc.cu) runs in the `gpu` tests, its
 tests/test_cuda_compile.py. Inputs are fresh random draws with ragged shapes; references in
 float64.
 """
+import dataclasses
 import itertools
 import math
 import re
@@ -330,7 +331,7 @@ TRITON_AHEAD_TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=2, num_st
 
 @pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)))
 @pytest.mark.parametrize("tf32", [SPLIT3, PLAIN])
-@pytest.mark.parametrize("m,n,k", [(37, 50, 129), (5, 3, 1), (40, 17, 70)])
+@pytest.mark.parametrize("m,n,k", [(37, 50, 129), (5, 3, 1), (40, 17, 70), (70, 130, 129)])
 def test_triton_split_ahead_gives_the_products_of_the_split_per_tile(device, rng, m, n, k, tf32, trans_a, trans_b):
     """Every layout (the pass transposes B and a transposed A), K with a tail and K not a multiple of 4
     (the parts' rows padded), bias and ReLU: the bits of SPLIT_AHEAD = 0 where the interpreter
@@ -369,6 +370,26 @@ def test_triton_split_ahead_is_matmuls_alone_and_refuses_gathered_rows(device, r
     a, b = randn(rng, (30, 20), "fp32", device), randn(rng, (20, 8), "fp32", device)
     with pytest.raises(ValueError, match="^config: SPLIT_AHEAD=1 .*a_rows"):
         kt.matmul(a, b, a_rows=torch.arange(4, device=device), config=ahead)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_triton_split_aheads_pass_launches_a_k_of_millions(trans_b):
+    """The pass's grid is one axis of row and k blocks: over K = 5M a second axis would need 78,125
+    blocks, past CUDA's 65,535 (planned here, not run: the interpreter would take minutes)."""
+    import kernels_triton as kt
+    from kernels_triton.matmul import SPLIT_BLOCK, plan
+
+    K = 5_000_000
+    a = torch.ones((1, K))
+    b = torch.ones((1, K)) if trans_b else torch.ones((K, 1))
+    _, p = plan(a, b, trans_b=trans_b, config={**TRITON_AHEAD_TILE, "TF32": SPLIT3, "SPLIT_AHEAD": 1})
+    assert [q.op for q in p.before] == ["tf32_split", "tf32_split"]
+    for q in (*p.before, p):
+        contract.check_grid(q.op, q.grid)
+    assert all(len(q.grid) == 1 for q in p.before) and p.before[0].grid == (contract.cdiv(K, SPLIT_BLOCK),)
+    with pytest.raises(ValueError, match=r"^tf32_split: the call needs 78125 blocks along grid axis y, past CUDA's "
+                                         "65535; it is too large for this kernel$"):
+        kt._runtime.launch(dataclasses.replace(p.before[0], grid=(1, contract.cdiv(K, SPLIT_BLOCK))))
 
 
 @pytest.mark.gpu
