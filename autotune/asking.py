@@ -53,7 +53,8 @@ def runner_parts(spec: StudySpec, target, space, sampler_seed: int | None):
     """The view, sampler and rule check of a study's runner: the search's and a compile process's."""
     elt = DTYPES[spec.dtype].itemsize
     view = view_space(space, target, elt, spec.lower_precision)
-    sampler = make_sampler(spec.sampler, sampler_seed, view.values, parallel=spec.parallel, valid=view.valid)
+    sampler = make_sampler(spec.sampler, sampler_seed, view.values, parallel=spec.parallel, valid=view.valid,
+                           families=space.families)
     return view, sampler, lambda config: target.target_violation(space, config, elt)
 
 

@@ -44,7 +44,8 @@ ORDINAL_SAMPLERS = ("tpe", "tpe-startup20", "tpe-ei64", "tpe-valid", "qmc", "cma
 
 
 def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
-                 parallel: bool = False, valid: list[dict[str, int]] | None = None) -> optuna.samplers.BaseSampler:
+                 parallel: bool = False, valid: list[dict[str, int]] | None = None,
+                 families: tuple[str, ...] = ()) -> optuna.samplers.BaseSampler:
     # multivariate: tile sizes interact (restrictions, occupancy); constant liar
     # keeps parallel workers from all proposing the same config.
     tpe = dict(seed=seed, multivariate=True, constant_liar=parallel)
@@ -60,7 +61,7 @@ def make_sampler(name: str, seed: int | None, values: dict[str, list[int]], *,
     if name == "tpe-ei64":
         return optuna.samplers.TPESampler(**ei64)
     if name == "tpe-valid":
-        return _ValidTPE(values, valid, **ei64)
+        return _ValidTPE(values, valid, families, **ei64)
     if name == "qmc":
         # Scrambled, so each seed walks its own sequence; the first trial is the random sampler's
         # (QMCSampler learns the search space from it).
@@ -85,7 +86,10 @@ class _ValidTPE(optuna.samplers.TPESampler):
     timing the kernel (experiments/FINDINGS.md, "Tuner samplers and search quality"). Here the start is drawn uniformly from
     the valid configs instead of from the product of the values, and later the model's candidates
     that are invalid or taken score -inf, so its choice is the best of the others. Without an
-    enumerated space (`valid` None) it is tpe-ei64.
+    enumerated space (`valid` None) it is tpe-ei64. Where the space has `families` (Space.families:
+    the tunables that pick a kernel), a uniform draw first takes a family no trial of the study
+    holds yet, while there is one: each kernel is measured once before the draws follow the
+    configs' numbers (8,248 SIMT configs would otherwise leave the 22 wgmma ones out of a search).
 
     It overrides TPESampler._compute_acquisition_func, a private method (as of Optuna 5.0, the
     version on the GPU machine): tests/test_autotune_units.py fails if a release renames it.
@@ -93,13 +97,17 @@ class _ValidTPE(optuna.samplers.TPESampler):
 
     REDRAWS = 8  # candidate batches with no valid, free config before a uniform one is taken
 
-    def __init__(self, values: dict[str, list[int]], valid: list[dict[str, int]] | None, **tpe):
+    def __init__(self, values: dict[str, list[int]], valid: list[dict[str, int]] | None,
+                 families: tuple[str, ...] = (), **tpe):
         super().__init__(**tpe)
         self._space = {f"{n}#index": optuna.distributions.IntDistribution(0, len(v) - 1) for n, v in values.items()}
         index = {n: {v: i for i, v in enumerate(vs)} for n, vs in values.items()}
         self._valid = None if valid is None else frozenset(tuple(index[n][c[n]] for n in values) for c in valid)
         self._free: frozenset[tuple] = frozenset()  # valid and not taken, for the proposal under way
+        self._taken: set = set()  # the points the study's trials hold, for the proposal under way
         self._pick = random.Random(tpe["seed"])
+        self._at = [i for i, n in enumerate(values) if n in families]
+        self._families = set() if self._valid is None else {self._family(p) for p in self._valid}
 
     def _point(self, params: dict) -> tuple | None:
         return tuple(params[p] for p in self._space) if all(p in params for p in self._space) else None
@@ -114,7 +122,8 @@ class _ValidTPE(optuna.samplers.TPESampler):
         # TPE's own sample_relative then reads: one round trip to the storage an ask fewer.
         trials = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING),
                                    use_cache=True)
-        self._free = self._valid - {self._point(t.params) for t in trials}
+        self._taken = {self._point(t.params) for t in trials} - {None}
+        self._free = self._valid - self._taken
         if not self._free:  # the study ends on its own; any valid config is a repeat
             self._free = self._valid
         for _ in range(self.REDRAWS):
@@ -123,7 +132,19 @@ class _ValidTPE(optuna.samplers.TPESampler):
                 return params
             if not params:
                 break
-        return dict(zip(self._space, self._pick.choice(sorted(self._free))))
+        return dict(zip(self._space, self._uniform()))
+
+    def _family(self, point: tuple) -> tuple:
+        return tuple(point[i] for i in self._at)
+
+    def _uniform(self) -> tuple:
+        """A free point drawn uniformly: from a family no trial holds yet while there is one."""
+        untried = self._families - {self._family(p) for p in self._taken}
+        pool = [p for p in self._free if self._family(p) in untried] if len(self._families) > 1 else []
+        if pool:
+            family = self._pick.choice(sorted({self._family(p) for p in pool}))
+            return self._pick.choice(sorted(p for p in pool if self._family(p) == family))
+        return self._pick.choice(sorted(self._free))
 
     def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
         score = super()._compute_acquisition_func(samples, mpe_below, mpe_above)

@@ -245,14 +245,17 @@ def load_grid(path: Path, backend: str | None = None, dtype: str | None = None
 
 # -- 2. the replay --------------------------------------------------------------------
 
-def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, budget: int) -> list[float]:
-    """Best time so far after each distinct config measured by one sampler run."""
+def replay(grid: pd.DataFrame, tunables: list[str], sampler: str, seed: int, budget: int,
+           families: tuple[str, ...] = ()) -> list[float]:
+    """Best time so far after each distinct config measured by one sampler run; `families`: the
+    space's (Space.families) that the grid has."""
     times = {samplers.config_key({t: int(r[t]) for t in tunables}): (r["time_ms"] if r["status"] == "ok" else None)
              for _, r in grid.iterrows()}
     valid = [dict(k) for k in times]
     values = {t: sorted({int(v) for v in grid[t]}) for t in tunables}
     view = samplers.SpaceView(space=None, values=values, valid=valid, total=math.prod(len(v) for v in values.values()))
-    study = optuna.create_study(sampler=samplers.make_sampler(sampler, seed, values, valid=valid), direction="minimize")
+    study = optuna.create_study(sampler=samplers.make_sampler(sampler, seed, values, valid=valid, families=families),
+                                direction="minimize")
     runner = studies.StudyRunner(
         study, view, budget, check=lambda c: None if samplers.config_key(c) in times else "not in the measured grid",
         make_row=lambda config, result, number: {"time_ms": result.get("time_ms")}, ordinal=sampler in samplers.ORDINAL_SAMPLERS)
@@ -322,7 +325,7 @@ def summarize(seeds: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_replays(grid: pd.DataFrame, tunables: list[str], samplers: list[str], n_seeds: int,
-                budget_share: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+                budget_share: float, families: tuple[str, ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     curves, seeds = [], []
     shapes = [(shape, part) for shape, part in grid.groupby("shape", sort=False)]
     bar = console.bar(total=len(shapes) * len(samplers) * n_seeds, unit="run", desc="replay")
@@ -336,7 +339,7 @@ def run_replays(grid: pd.DataFrame, tunables: list[str], samplers: list[str], n_
         budget = budget_of(budget_share, n)
         for sampler in samplers:
             for seed in range(n_seeds):
-                curve = replay(part, tunables, sampler, seed, budget)
+                curve = replay(part, tunables, sampler, seed, budget, families)
                 curves += [{"shape": shape, "sampler": sampler, "seed": seed, "trial": i + 1, "best_so_far_ms": b}
                            for i, b in enumerate(curve)]
                 seeds.append({"shape": shape, "sampler": sampler, "seed": seed, "grid_configs": n,
@@ -371,7 +374,7 @@ def main(argv=None) -> int:
             return 2
     if args.grid_csv:
         try:
-            grid, tunables = load_grid(args.grid_csv, args.backend, args.dtype)[:2]
+            grid, tunables, args.backend, args.dtype = load_grid(args.grid_csv, args.backend, args.dtype)
         except GridError as exc:
             print(f"search_quality: error: {exc}", file=sys.stderr)
             return 2
@@ -384,7 +387,8 @@ def main(argv=None) -> int:
         tunables = list(backends.space(args.backend, "matmul", args.dtype).params)
         if args.measure_only:
             return 0
-    curves, seeds = run_replays(grid, tunables, args.samplers, args.seeds, args.budget)
+    families = tuple(f for f in backends.space(args.backend, "matmul", args.dtype).families if f in tunables)
+    curves, seeds = run_replays(grid, tunables, args.samplers, args.seeds, args.budget, families)
     if seeds.empty:
         print("search_quality: error: no shape has a config that ran", file=sys.stderr)
         return 1

@@ -39,6 +39,10 @@ class Space:
     lower_precision: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     # Values that emulate the dtype's precision with lower-precision arithmetic: {"TF32": (3,)}.
     emulated: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # Tunables whose values pick another kernel or code path ("TF32", "WGMMA"): the tuner's first
+    # draws of a study try each of their combinations that has valid configs, so a kernel with few
+    # of them (the CUDA fp32 wgmma kernel's 22 of 9,386 at sm_90) is not left out of a search.
+    families: tuple[str, ...] = ()
 
     def __post_init__(self):
         # Launch paths check their config on every call: compile the rules once and
@@ -60,6 +64,8 @@ class Space:
                     raise ValueError(f"default {name}={value} is outside the space {dict(self.params)}")
         if self.precision_of(self.default) or self.is_emulated(self.default):
             raise ValueError(f"default {dict(self.default)} must compute at the dtype's own precision")
+        if not set(self.families) <= set(self.params):
+            raise ValueError(f"families {list(self.families)} must be tunables of the space {sorted(self.params)}")
         for name, values in (*self.lower_precision.items(), *self.emulated.items()):
             if not set(values) <= set(self.params.get(name, ())):
                 raise ValueError(f"{name}: precision values {sorted(values)} are outside the space {dict(self.params)}")

@@ -181,6 +181,7 @@ TC_SPACE = Space(
     ),
     notes="fp16/bf16 mma.sync with WGMMA=0: 16-byte cp.async, lowered by the host for misaligned operands, SPLIT_K > 1 "
           "sums slices in fp32; on sm_90 wgmma + TMA with WGMMA=1: operands with 16-byte aligned rows",
+    families=("WGMMA",),
 )
 # bf16 mma starts at Ampere: on sm_75 every bf16 config is outside the space.
 TC_BF16_SPACE = replace(TC_SPACE, restrictions=TC_SPACE.restrictions + ("arch >= 80  # bf16 tensor cores start at sm_80",))
@@ -229,7 +230,7 @@ FP32_SPACE = Space(
     notes=SIMT_SPACE.notes + "; TF32 = 3 (3xTF32) and 1 (TF32, lower precision): mma.sync m16n8k8 on the "
           "tensor cores, sm_80 and newer; on sm_90 wgmma + TMA with WGMMA=1, the operands split ahead into a "
           "workspace",
-    lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
+    lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)}, families=("TF32", "WGMMA"),
 )
 
 _SPACES = {"fp32": FP32_SPACE, "fp16": TC_SPACE, "bf16": TC_BF16_SPACE}

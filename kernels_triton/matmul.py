@@ -473,7 +473,7 @@ SPACES = {
             "SPLIT_AHEAD == 0 or TF32 > 0  # the parts are TF32 numbers",
         ),
         smem_bytes=_SMEM_FP32, notes=_NOTES,
-        lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)},
+        lower_precision={"TF32": {1: "tf32"}}, emulated={"TF32": (3,)}, families=("TF32", "SPLIT_AHEAD"),
     ),
 }
 

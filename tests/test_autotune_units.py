@@ -626,6 +626,41 @@ def test_tpe_valid_measures_only_valid_new_configs_and_chooses_through_tpe(stora
     assert runner.ended == "all 66 valid configs measured" and scored
 
 
+def test_tpe_valid_tries_every_kernel_family_before_drawing_configs_alike(tmp_path, rng):
+    """Family K = 1 holds 1 valid config of 73 (a wgmma kernel beside two others): with the space's
+    families the study's first three draws take each family once, whichever order; drawn by the
+    configs' numbers alone it is measured in few of 20 seeds' first three. One family: the draws are
+    those without the rule, bit for bit."""
+    values = {"K": [0, 1, 2], "A": [1, 2, 3, 4, 5, 6], "B": [1, 2, 4, 8, 16, 32]}
+    check = lambda c: None if c["K"] != 1 or (c["A"], c["B"]) == (3, 8) else "K = 1 takes one tile"  # noqa: E731
+    view = _view(values, check)
+    storage = open_storage(f"sqlite:///{tmp_path / 't.db'}")
+
+    def first(families, seed, n=3, space=values, valid=view.valid):
+        sampler = make_sampler("tpe-valid", seed, space, valid=valid, families=families)
+        study = optuna.create_study(storage=storage, sampler=sampler)  # a new study each time
+        runner = _runner(study, n, space, check, ordinal=True)
+        return [c for c in _run(runner) if c != "done"]
+
+    seeds = [int(s) for s in torch.randint(0, 2**31, (20,), generator=rng)]
+    assert all(sorted(c["K"] for c in first(("K",), seed)) == [0, 1, 2] for seed in seeds[:5])
+    assert sum(any(c["K"] == 1 for c in first((), seed)) for seed in seeds) <= 6  # about 4% a seed
+    one = {"K": [0], "A": values["A"], "B": values["B"]}
+    one_valid = [c for c in view.valid if c["K"] == 0]
+    assert first(("K",), seeds[0], 12, one, one_valid) == first((), seeds[0], 12, one, one_valid)
+
+
+def test_families_are_tunables_of_their_space():
+    import kernels_cuda as kc
+    import kernels_triton as kt
+
+    with pytest.raises(ValueError, match=r"families \['WGMMA'\] must be tunables of the space \['A'\]"):
+        Space(params={"A": (1, 2)}, default={"A": 1}, families=("WGMMA",))
+    assert kc.space("matmul", "fp32").families == ("TF32", "WGMMA")
+    assert kt.space("matmul", "fp32").families == ("TF32", "SPLIT_AHEAD") and not kt.space("matmul", "fp16").families
+    assert kc.space("linear_sgd", "fp32").families == ("TF32", "WGMMA")  # WGMMA pinned to 0 there: one value
+
+
 def test_tpe_valid_reads_the_study_once_an_ask_with_tpe(storage_url):
     """tpe-valid's look at the configs taken and TPE's look at the history are one read of the study's
     trials (Optuna's per-ask cache, a private method: if a release renames it, this fails): every read
