@@ -8,6 +8,7 @@ trial's point as visited and ends a study through `Study.stop`, which works only
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 import warnings
@@ -87,9 +88,11 @@ class _ValidTPE(optuna.samplers.TPESampler):
     the valid configs instead of from the product of the values, and later the model's candidates
     that are invalid or taken score -inf, so its choice is the best of the others. Without an
     enumerated space (`valid` None) it is tpe-ei64. Where the space has `families` (Space.families:
-    the tunables that pick a kernel), a uniform draw first takes a family no trial of the study
-    holds yet, while there is one: each kernel is measured once before the draws follow the
-    configs' numbers (8,248 SIMT configs would otherwise leave the 22 wgmma ones out of a search).
+    the tunables that pick a kernel), a uniform draw first takes a rare family no trial of the study
+    holds yet, while there is one: rare, one that TPE's uniform start would leave out more often than
+    not (the CUDA fp32 wgmma kernel's 22 configs beside 9,364 others). A family of a fair share is
+    left to the uniform draws: forcing every family in cost the common ones' searches more than it
+    found (experiments/FINDINGS.md, "Tuner samplers and search quality").
 
     It overrides TPESampler._compute_acquisition_func, a private method (as of Optuna 5.0, the
     version on the GPU machine): tests/test_autotune_units.py fails if a release renames it.
@@ -107,7 +110,9 @@ class _ValidTPE(optuna.samplers.TPESampler):
         self._taken: set = set()  # the points the study's trials hold, for the proposal under way
         self._pick = random.Random(tpe["seed"])
         self._at = [i for i, n in enumerate(values) if n in families]
-        self._families = set() if self._valid is None else {self._family(p) for p in self._valid}
+        shares = collections.Counter(self._family(p) for p in self._valid or ())
+        start = self._n_startup_trials
+        self._rare = {f for f, n in shares.items() if len(shares) > 1 and (1 - n / len(self._valid)) ** start > 0.5}
 
     def _point(self, params: dict) -> tuple | None:
         return tuple(params[p] for p in self._space) if all(p in params for p in self._space) else None
@@ -138,9 +143,9 @@ class _ValidTPE(optuna.samplers.TPESampler):
         return tuple(point[i] for i in self._at)
 
     def _uniform(self) -> tuple:
-        """A free point drawn uniformly: from a family no trial holds yet while there is one."""
-        untried = self._families - {self._family(p) for p in self._taken}
-        pool = [p for p in self._free if self._family(p) in untried] if len(self._families) > 1 else []
+        """A free point drawn uniformly: from a rare family no trial holds yet while there is one."""
+        untried = self._rare - {self._family(p) for p in self._taken}
+        pool = [p for p in self._free if self._family(p) in untried] if untried else []
         if pool:
             family = self._pick.choice(sorted({self._family(p) for p in pool}))
             return self._pick.choice(sorted(p for p in pool if self._family(p) == family))

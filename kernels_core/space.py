@@ -40,8 +40,8 @@ class Space:
     # Values that emulate the dtype's precision with lower-precision arithmetic: {"TF32": (3,)}.
     emulated: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # Tunables whose values pick another kernel or code path ("TF32", "WGMMA"): the tuner's first
-    # draws of a study try each of their combinations that has valid configs, so a kernel with few
-    # of them (the CUDA fp32 wgmma kernel's 22 of 9,386 at sm_90) is not left out of a search.
+    # draws of a study try each combination of them with few valid configs (the CUDA fp32 wgmma
+    # kernel's 22 of 9,386 at sm_90), which drawing configs alike would leave out of a search.
     families: tuple[str, ...] = ()
 
     def __post_init__(self):
