@@ -151,7 +151,7 @@ def gemms_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[str
             "warm in L2, as in a graphed step), medians of the rounds (each in a process of its own); cuBLAS time / "
             "twin time:", "",
             _table(pd.DataFrame(summary)), "", "<details><summary>Per shape, tuned</summary>", "",
-            f"Each twin's time with its `next run` spread (above), then its speedup over cuBLAS:", "",
+            "Each twin's time with its `next run` spread (above), then its speedup over cuBLAS:", "",
             _table(pd.DataFrame(rows)), "", "</details>", ""]
 
 
