@@ -3,7 +3,7 @@ picks twice as fast as any other: does a study give up on a sparse space (100 in
 a row, autotune.studies), and does it measure a picked config at all? One line per seed: seed,
 trials measured (below the budget: the study gave up), best time (below 1.0 only if a picked config
 was measured). A fourth argument names another sampler (autotune.samplers). `--families both` runs
-each seed with the space's kernel families (Space.families: the sampler's first draws try each) and
+each seed with the space's kernel families (Space.families: tpe-valid draws a rare one first) and
 without, and `--csv` appends a row per run: the family rule's gain where the fast configs are a rare
 kernel's, its cost where they are the common kernel's.
 
