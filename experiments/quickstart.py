@@ -55,13 +55,13 @@ def child_env(environ=os.environ) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], results: list) -> bool:
-    """Runs one CLI, its output passed through; a trainer run's summary (its JSON), or a search's
-    own figures (trials, rate), goes with its result."""
+def run(cmd: list[str], results: list, env: dict[str, str] | None = None) -> bool:
+    """Runs one CLI in `env` (child_env() where not given), its output passed through; a trainer
+    run's summary (its JSON), or a search's own figures (trials, rate), goes with its result."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     before = set((OUT / "runs").glob("*.json"))
     t0 = time.time()
-    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=child_env())
+    command = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=child_env() if env is None else env)
     printed = []
     try:
         for line in command.stdout:
@@ -134,12 +134,12 @@ def _quickstart(args: argparse.Namespace) -> int:
     outputs = [f"{OUT / 'runs'}/ (one CSV of steps and one JSON summary per training run)"]
     if torch.cuda.is_available():
         run([py, "-m", "autotune.search", "--workload", "mnist-mlp", "--backends", "cuda,triton",
-             "--trials", str(args.trials)], results)
+             "--trials", str(args.trials)], results, env)
         for backend in ("cuda", "triton"):
-            run([py, "-m", "trainer.run", "--backend", backend], results)
+            run([py, "-m", "trainer.run", "--backend", backend], results, env)
         # torch's whole step in one CUDA graph, as the twins replay theirs: eager, its step time is the
         # host's launch path (1.4-1.7 ms on the H200's host against 0.09 ms for the twins' graphs).
-        run([py, "-m", "trainer.run", "--backend", "torch", "--torch-graph"], results)
+        run([py, "-m", "trainer.run", "--backend", "torch", "--torch-graph"], results, env)
         outputs.insert(0, f"{OUT}/<target>/trials.csv and best.json (the tuned configs the trainer used), "
                           f"{OUT}/tuning.db (Optuna)")
         next_cmd = ("python -m experiments.compare --protocol default --dtype fp32 --quick "
@@ -154,10 +154,10 @@ def _quickstart(args: argparse.Namespace) -> int:
         quick = OUT / "runs" / "quickstart"
         run([py, "-m", "autotune.search", "--compile-only", "--target", "sm_90",
              "--ops", "matmul,relu,softmax_cross_entropy", "--backends", "cuda,triton", "--trials", "4",
-             "--out", str(quick)], results)
-        run([py, "-m", "trainer.run", "--backend", "torch", "--epochs", "2"], results)
+             "--out", str(quick)], results, env)
+        run([py, "-m", "trainer.run", "--backend", "torch", "--epochs", "2"], results, env)
         run([py, "-m", "trainer.run", "--backend", "triton", "--hidden", "32", "--batch-size", "32",
-             "--steps", "30"], results)
+             "--steps", "30"], results, env)
         outputs.insert(0, f"{quick / 'sm_90' / 'trials.csv'} (registers, shared memory and spills per config)")
         torch_run = next((s for _, _, _, s in results if s and s["backend"] == "torch"), None)
         default = Config()
