@@ -107,7 +107,6 @@ class _ValidTPE(optuna.samplers.TPESampler):
         index = {n: {v: i for i, v in enumerate(vs)} for n, vs in values.items()}
         self._valid = None if valid is None else frozenset(tuple(index[n][c[n]] for n in values) for c in valid)
         self._free: frozenset[tuple] = frozenset()  # valid and not taken, for the proposal under way
-        self._taken: set = set()  # the points the study's trials hold, for the proposal under way
         self._pick = random.Random(tpe["seed"])
         self._at = [i for i, n in enumerate(values) if n in families]
         shares = collections.Counter(self._family(p) for p in self._valid or ())
@@ -127,8 +126,8 @@ class _ValidTPE(optuna.samplers.TPESampler):
         # TPE's own sample_relative then reads: one round trip to the storage an ask fewer.
         trials = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING),
                                    use_cache=True)
-        self._taken = {self._point(t.params) for t in trials} - {None}
-        self._free = self._valid - self._taken
+        taken = {self._point(t.params) for t in trials} - {None}
+        self._free = self._valid - taken
         if not self._free:  # the study ends on its own; any valid config is a repeat
             self._free = self._valid
         for _ in range(self.REDRAWS):
@@ -137,14 +136,14 @@ class _ValidTPE(optuna.samplers.TPESampler):
                 return params
             if not params:
                 break
-        return dict(zip(self._space, self._uniform()))
+        return dict(zip(self._space, self._uniform(taken)))
 
     def _family(self, point: tuple) -> tuple:
         return tuple(point[i] for i in self._at)
 
-    def _uniform(self) -> tuple:
-        """A free point drawn uniformly: from a rare family no trial holds yet while there is one."""
-        untried = self._rare - {self._family(p) for p in self._taken}
+    def _uniform(self, taken: set[tuple]) -> tuple:
+        """A free point drawn uniformly: from a rare family no point `taken` is of, while there is one."""
+        untried = self._rare - {self._family(p) for p in taken}
         pool = [p for p in self._free if self._family(p) in untried] if untried else []
         if pool:
             family = self._pick.choice(sorted({self._family(p) for p in pool}))
