@@ -8,7 +8,7 @@ or if the run's CSVs mix commits or repeat a row: the section shows one run, who
 
 Each figure's spread is how far a next run may move it: the wider of the run's own band (the range
 of its rounds, or a step time's 20th-80th percentiles) and the largest move between two runs that
-figures of its kind have made in the pairs of runs on record (experiments/results/<gpu>/
+figures of its kind have made in the pairs of runs on record, on any GPU (experiments/results/*/
 headline_reruns.csv). `--rerun FOLDER` judges another run's headline folder against that one's
 spreads, figure by figure, the record as it stood before (so the judgement is of a pair the spreads
 did not see), then adds the pair to the record.
@@ -231,7 +231,7 @@ def render(gpu: str) -> str:
     frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", *STEP_CSVS, "tuning.csv",
                                               "stages.csv")}
     found = {name: df for name, df in frames.items() if df is not None and len(df)}
-    between = between_runs(reruns(gpu))
+    between = between_runs(reruns())
     if "stages.csv" not in found:
         return "\n".join([BEGIN, "", "No results yet: run `python -m experiments.headline` on a GPU.", "", END])
     commits = {str(c) for df in found.values() for c in df["commit"].dropna().unique()}
@@ -314,10 +314,14 @@ def _pm(fraction) -> str:
     return f"±{100 * fraction:.1f}%"
 
 
-def reruns(gpu: str) -> pd.DataFrame:
-    path = results_dir(gpu) / RERUNS
-    return pd.read_csv(path, dtype={"commit": str, "commit_second": str}) if path.exists() else pd.DataFrame(
-        columns=["kind", "moved", "commit", "commit_second"])
+def reruns() -> pd.DataFrame:
+    """The pairs of runs on record, every GPU's (a `gpu` column names each pair's): a user's next run
+    is on another machine, and how far figures move between machines is measured wherever two runs were
+    made, not only on the GPU a README shows."""
+    paths = sorted(results_dir("any").parent.glob(f"*/{RERUNS}"))
+    return pd.concat([pd.read_csv(path, dtype={"commit": str, "commit_second": str}).assign(gpu=path.parent.name)
+                      for path in paths], ignore_index=True) if paths else pd.DataFrame(
+        columns=["kind", "moved", "commit", "commit_second", "gpu"])
 
 
 def rerun(first: Path, second: Path, record: pd.DataFrame) -> pd.DataFrame:
@@ -377,16 +381,16 @@ def main(argv=None) -> int:
     if args.rerun:
         out = results_dir(args.gpu) / RERUNS
         first = results_dir(args.gpu) / "headline"
-        record = reruns(args.gpu)
+        record = reruns()
         pair = (run_commit(first), run_commit(args.rerun))
-        earlier = record[(record.commit != pair[0]) | (record.commit_second != pair[1])]
+        earlier = record[(record.gpu != args.gpu) | (record.commit != pair[0]) | (record.commit_second != pair[1])]
         table = rerun(first, args.rerun, earlier)
         print(f"{int(table.within_spread.sum())} of {len(table)} figures of {args.rerun} lie within the spread this "
-              f"run reports ({len(earlier.groupby(['commit', 'commit_second']))} earlier pairs on record):\n"
+              f"run reports ({len(earlier.groupby(['gpu', 'commit', 'commit_second']))} earlier pairs on record):\n"
               f"{rerun_summary(table).to_string(index=False)}\nthe largest moves against their spreads:\n"
               + table.reindex((table.moved.abs() / table.spread).sort_values(ascending=False).index).head(8)
               .drop(columns="kind").to_string(index=False))
-        pd.concat([earlier, table], ignore_index=True).to_csv(out, index=False)
+        pd.concat([earlier[earlier.gpu == args.gpu].drop(columns="gpu"), table], ignore_index=True).to_csv(out, index=False)
         print(f"added the pair {pair[0]} / {pair[1]} to {out}")
         return 0
     try:

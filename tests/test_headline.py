@@ -217,6 +217,21 @@ def test_rerun_judges_a_pair_by_the_pairs_before_it_and_adds_it_to_the_record(re
     assert len(pd.read_csv(results.parent / report.RERUNS)) == 1 + 23
 
 
+def test_the_spreads_draw_on_every_gpus_pairs_and_a_pair_is_recorded_with_its_own_gpu(results, tmp_path, capsys):
+    """Moves measured between two runs on another GPU widen this GPU's spreads: a user's next run is on
+    another machine. The pair judged here is written to this GPU's record alone."""
+    fake_run(results)
+    second = tmp_path / "second"
+    fake_run(second, twin_ms=(1.3, 4.0))  # 30% off a 10% band
+    plant_record(tmp_path / "other", {"square matmuls": 0.35})
+    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | ±35.0% |" in report.render("gpu")
+    assert report.main(["--gpu", "gpu", "--rerun", str(second)]) == 0
+    assert "23 of 23 figures" in capsys.readouterr().out
+    assert len(pd.read_csv(tmp_path / "other" / report.RERUNS)) == 1
+    assert len(pd.read_csv(results.parent / report.RERUNS)) == 23
+    assert set(report.reruns().gpu) == {"gpu", "other"}
+
+
 def test_resume_keeps_a_finished_runs_stages_and_refuses_another_commits(tmp_path):
     assert headline.resumable(tmp_path, "abc1234", "store.json") == {}
     pd.DataFrame([dict(stage="compile", seconds=30.0, status="ok", commit="abc1234", config_store="store.json"),
