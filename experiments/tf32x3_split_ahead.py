@@ -70,10 +70,9 @@ TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128,
 # parts (128 x 128 x 32 on 2 stages: 192 KB).
 TMA_TILES = ((128, 128, 32, 8, 2), (128, 128, 16, 8, 4), (128, 128, 16, 8, 3), (128, 64, 32, 4, 3))
 # The waits' order (split_ahead_kernel's PIPE) on the k-major parts: the twin's best tile and its
-# kin, with 16 warps (four warpgroups, a quarter of the tile's accumulators each) where a fourth
-# accumulator would not fit 8 warps' registers.
-PIPE_TILES = ((128, 128, 32, 8, 3), (128, 128, 16, 8, 4), (128, 64, 32, 8, 4), (128, 128, 32, 16, 3),
-              (128, 128, 16, 16, 4), (128, 256, 16, 16, 4))
+# kin; 128 x 64 on 8 warps holds PIPE 2's fourth accumulator without spilling (ptxas for sm_90), and
+# 16 warps, 128 registers a thread, hold PIPE 1's three at 128 x 128.
+PIPE_TILES = ((128, 128, 32, 8, 3), (128, 128, 16, 8, 4), (128, 64, 32, 8, 4), (128, 128, 32, 16, 3))
 # b_ahead_kernel's: A's raw tile and B's two parts a stage (128 x 128 x 32 on 4 stages: 192 KB).
 B_AHEAD_TILES = ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 64, 32, 4, 4), (128, 256, 32, 8, 2))
 SPLIT_BLOCK = 4096
