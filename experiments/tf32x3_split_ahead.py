@@ -137,8 +137,8 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, stride_bk
     of a slice drain the tensor cores three times a slice (0). PIPE 1 adds a slice's sum to the
     accumulator one slice later, so the slice's last dot is carried, not waited for: two drains a
     slice. PIPE 2 carries the small products over all of K in an accumulator of their own (at most
-    2^-10 of the result, so the tensor cores' rounding toward zero costs about 2^-33 K of it) and adds
-    the big product a slice later: one drain a slice, for a fourth accumulator's registers."""
+    2^-10 sum|a||b|, so the tensor cores' rounding toward zero costs at most K * 2^-35 sum|a||b|) and
+    adds the big product a slice later: one drain a slice, for a fourth accumulator's registers."""
     pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

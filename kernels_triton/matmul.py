@@ -82,9 +82,10 @@ chained dots and an add drained the tensor cores three times a block. A
 block's sum is added one block later (carried, so its last dot is not waited
 for); and where a thread's registers hold a fourth accumulator (carry_small),
 the two small products are carried over all of K on the tensor cores and only
-the big one is summed from zero: what they add is at most 2^-10 of the
-result, so their rounding toward zero costs about K * 2^-36 of it (2^-24 at
-K = 4096), and one drain a block is left. Infinities and
+the big one is summed from zero: their sum is at most 2^-10 sum|a||b|, so
+rounding it toward zero in each of K / 4 instructions costs at most
+K * 2^-35 sum|a||b| (2^-23, one fp32 rounding, at K = 4096), and one drain a
+block is left. Infinities and
 NaNs come out as IEEE's: a non-finite x splits into big = +-1 and small = x,
 so a * b's three products are small_a*big_b (the infinity, or NaN where b is
 0, as inf * 0 is) and finite ones, where big = x with small = 0 would make
