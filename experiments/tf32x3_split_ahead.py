@@ -32,9 +32,7 @@ the split parts read through tensor descriptors (the TMA) at TMA_TILES, B's part
 with A split in registers (wgmma's register A operand) at B_AHEAD_TILES, and the split-ahead kernel
 below at TILES: its time with and without the split pass, with the fp32 add after every 1 (the
 twins' rule), 2 or 4 k slices (SUMS), on B's parts stored k-major, and with every product carried
-in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error); on B^T's parts
-at PIPE_TILES, the waits for the tensor cores reordered (split_ahead_kernel's PIPE: each slice's sum added a slice
-later, or the small products carried over all of K and the big one added a slice later). Errors are
+in one accumulator, the price of the per-slice sum (biased over a long K, so timed whatever its error). Errors are
 norm-wise against float64 and must be no larger than cuBLAS fp32's on the same inputs for a
 3xTF32 row to count. Then the Triton twin's own split ahead (SPLIT_AHEAD = 1: its pass, then the
 GEMM on k-major parts) at the configs of its space with tiles of 64 or more each way.
@@ -69,10 +67,6 @@ TILES = ((128, 128, 32, 8, 3), (128, 256, 16, 8, 4), (128, 256, 32, 8, 2), (128,
 # TILES' kin for the descriptor kernel, whose ring Triton sizes at num_stages + 1 buffers of four
 # parts (128 x 128 x 32 on 2 stages: 192 KB).
 TMA_TILES = ((128, 128, 32, 8, 2), (128, 128, 16, 8, 4), (128, 128, 16, 8, 3), (128, 64, 32, 4, 3))
-# The waits' order (split_ahead_kernel's PIPE) on the k-major parts: the twin's best tile and its
-# kin; 128 x 64 on 8 warps holds PIPE 2's fourth accumulator without spilling (ptxas for sm_90), and
-# 16 warps, 128 registers a thread, hold PIPE 1's three at 128 x 128.
-PIPE_TILES = ((128, 128, 32, 8, 3), (128, 128, 16, 8, 4), (128, 64, 32, 8, 4), (128, 128, 32, 16, 3))
 # b_ahead_kernel's: A's raw tile and B's two parts a stage (128 x 128 x 32 on 4 stages: 192 KB).
 B_AHEAD_TILES = ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 64, 32, 4, 4), (128, 256, 32, 8, 2))
 SPLIT_BLOCK = 4096
@@ -124,21 +118,13 @@ def _three(a_big, a_small, b_big, b_small, offs_m, offs_n, ks, M, N, K, stride_b
 @triton.jit
 def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, stride_bk, stride_bn, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUM: tl.constexpr,
-                       PRECISION: tl.constexpr = "tf32x3", PIPE: tl.constexpr = 0):
+                       PRECISION: tl.constexpr = "tf32x3"):
     """C = A @ B (row-major, contiguous) from A's and B's parts. SUM n >= 1: the products of n k
     slices summed from zero in the tensor cores, then added to the fp32 accumulator (the twins sum
     each slice's so, n = 1); 0: every product carried in the one accumulator (biased over a long K:
     priced here, never used); -1: one Triton dot at PRECISION a slice, a_big and b_big given the fp32
     operands. B's parts row-major, or k-major (B^T's, stride_bk 1): wgmma's tf32 form reads both
-    operands k-major from shared memory.
-
-    PIPE (with SUM 1), the order of the waits. Triton waits for a tensor-core product right after
-    it is issued unless its result is only carried to the next iteration, so the three chained dots
-    of a slice drain the tensor cores three times a slice (0). PIPE 1 adds a slice's sum to the
-    accumulator one slice later, so the slice's last dot is carried, not waited for: two drains a
-    slice. PIPE 2 carries the small products over all of K in an accumulator of their own (at most
-    2^-10 sum|a||b|, so the tensor cores' rounding toward zero costs at most K * 2^-35 sum|a||b|) and
-    adds the big product a slice later: one drain a slice, for a fourth accumulator's registers."""
+    operands k-major from shared memory."""
     pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -152,28 +138,6 @@ def split_ahead_kernel(a_big, a_small, b_big, b_small, c_ptr, M, N, K, stride_bk
         for k0 in range(0, K, BLOCK_K):
             acc = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, stride_bk, stride_bn,
                          acc)
-    elif PIPE == 1:
-        behind = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            step = _three(a_big, a_small, b_big, b_small, offs_m, offs_n, k0 + offs_k, M, N, K, stride_bk, stride_bn,
-                          tl.zeros((BLOCK_M, BLOCK_N), tl.float32))
-            acc += behind
-            behind = step
-        acc += behind
-    elif PIPE == 2:
-        behind = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        small = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + offs_k
-            ab, bb = _tiles(a_big, b_big, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn)
-            as_, bs = _tiles(a_small, b_small, offs_m, offs_n, ks, M, N, K, stride_bk, stride_bn)
-            small = tl.dot(as_, bb, small, input_precision="tf32")
-            small = tl.dot(ab, bs, small, input_precision="tf32")
-            big = tl.dot(ab, bb, input_precision="tf32")
-            acc += behind
-            behind = big
-        acc += behind
-        acc += small
     else:
         # One loop over the slices (slices unrolled SUM at a time would hold SUM times the pipeline's
         # shared memory), the sum handed to the fp32 accumulator after every SUM-th.
@@ -195,10 +159,10 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.Tensor | None = None,
-                       precision: str = "tf32x3", b_kmajor: bool = False, pipe: int = 0) -> torch.Tensor:
+                       precision: str = "tf32x3", b_kmajor: bool = False) -> torch.Tensor:
     """A @ B from split parts (contiguous, row-major; with b_kmajor B's are B^T's, N x K) on `tiles`
     (a TILES entry), the fp32 add after every `sum_every` k slices (split_ahead_kernel's SUM; its
-    PRECISION where that is -1), the waits ordered by `pipe` (its PIPE)."""
+    PRECISION where that is -1)."""
     (a_big, a_small), (b_big, b_small) = a_parts, b_parts
     (m, k), n = a_big.shape, b_big.shape[0 if b_kmajor else 1]
     bm, bn, bk, warps, stages = tiles
@@ -206,8 +170,7 @@ def split_ahead_matmul(a_parts, b_parts, tiles, sum_every: int = 1, out: torch.T
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     stride_bk, stride_bn = (1, k) if b_kmajor else (n, 1)
     split_ahead_kernel[grid](a_big, a_small, b_big, b_small, out, m, n, k, stride_bk, stride_bn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                             GROUP_M=8, SUM=sum_every, PRECISION=precision, PIPE=pipe, num_warps=warps,
-                             num_stages=stages)
+                             GROUP_M=8, SUM=sum_every, PRECISION=precision, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -441,12 +404,6 @@ def main(argv=None) -> int:
         # long K grows like K (experiments/FINDINGS.md, "fp32 on TF32 tensor cores"): timed, not used.
         timed("split_ahead_one_accumulator", label, lambda: split_ahead_matmul(a_parts, b_parts, tiles, 0),
               precise=False)
-    # The order of the waits: the fp32 add a slice behind (1), the small products carried over K (2).
-    for tiles in PIPE_TILES:
-        label = "{}x{}x{} w{} s{}".format(*tiles)
-        for pipe, name in ((0, "split_ahead_kmajor_b_gemm"), (1, "split_ahead_add_behind_gemm"),
-                           (2, "split_ahead_small_carried_gemm")):
-            timed(name, label, lambda: split_ahead_matmul(a_parts, bt_parts, tiles, b_kmajor=True, pipe=pipe))
     # B's parts split ahead, A split in the kernel (in registers, wgmma's A operand).
     b_ahead = twin_parts(b, s, s, True)
     for tiles in B_AHEAD_TILES:

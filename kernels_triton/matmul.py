@@ -75,17 +75,7 @@ rounds to nearest, as Triton's own "tf32x3" does: the tensor cores add into
 their accumulator rounding toward zero, a bias that grows with K, and summed in
 the accumulator over all of K it, not the split, set the error (2.9e-5 of the
 result's norm at 4096^3 on the H200, against 1.15e-6 on the FMA units;
-experiments/FINDINGS.md, "fp32 on TF32 tensor cores"). The order of that sum
-is set by Triton's waits: it waits for a tensor-core product right after
-issuing it unless the product is only carried to the next k step, so three
-chained dots and an add drained the tensor cores three times a block. A
-block's sum is added one block later (carried, so its last dot is not waited
-for); and where a thread's registers hold a fourth accumulator (carry_small),
-the two small products are carried over all of K on the tensor cores and only
-the big one is summed from zero: their sum is at most 2^-10 sum|a||b|, so
-rounding it toward zero in each of K / 4 instructions costs at most
-K * 2^-35 sum|a||b| (2^-23, one fp32 rounding, at K = 4096), and one drain a
-block is left. Infinities and
+experiments/FINDINGS.md, "fp32 on TF32 tensor cores"). Infinities and
 NaNs come out as IEEE's: a non-finite x splits into big = +-1 and small = x,
 so a * b's three products are small_a*big_b (the infinity, or NaN where b is
 0, as inf * 0 is) and finite ones, where big = x with small = 0 would make
@@ -157,28 +147,26 @@ def _split_tf32(x):
 
 @triton.jit
 def _dot(a, b, acc, acc_dtype: tl.constexpr, TF32: tl.constexpr):
-    """acc + a @ b exactly (TF32 = 0) or in TF32 (1); 3xTF32 is _three's."""
+    """acc + a @ b at the precision TF32 asks for (the module docstring)."""
     if TF32 == 0:
         # "ieee" keeps fp32 inputs exact; it does not affect fp16/bf16.
         acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc_dtype)
-    else:
+    elif TF32 == 1:
         acc = tl.dot(_to_tf32(a), _to_tf32(b), acc, input_precision="tf32", out_dtype=acc_dtype)
+    else:
+        a_big, a_small = _split_tf32(a)
+        b_big, b_small = _split_tf32(b)
+        acc = _three(a_big, a_small, b_big, b_small, acc, acc_dtype)
     return acc
 
 
 @triton.jit
-def _three(a_big, a_small, b_big, b_small, acc, behind, small, acc_dtype: tl.constexpr, CARRY_SMALL: tl.constexpr):
-    """One k step of 3xTF32 on the parts (the module docstring): (acc plus the last step's sum, this
-    step's sum, to be added a step later, the small products' running sum where CARRY_SMALL)."""
-    if CARRY_SMALL:
-        small = tl.dot(a_small, b_big, small, input_precision="tf32", out_dtype=acc_dtype)
-        small = tl.dot(a_big, b_small, small, input_precision="tf32", out_dtype=acc_dtype)
-        step = tl.dot(a_big, b_big, input_precision="tf32", out_dtype=acc_dtype)
-    else:  # smallest first, summed from zero
-        step = tl.dot(a_small, b_big, input_precision="tf32", out_dtype=acc_dtype)
-        step = tl.dot(a_big, b_small, step, input_precision="tf32", out_dtype=acc_dtype)
-        step = tl.dot(a_big, b_big, step, input_precision="tf32", out_dtype=acc_dtype)
-    return acc + behind, step, small  # acc's adds round to nearest, outside the tensor cores
+def _three(a_big, a_small, b_big, b_small, acc, acc_dtype: tl.constexpr):
+    """acc + 3xTF32's three products of the parts, smallest first, summed from zero and then added."""
+    step = tl.dot(a_small, b_big, input_precision="tf32", out_dtype=acc_dtype)
+    step = tl.dot(a_big, b_small, step, input_precision="tf32", out_dtype=acc_dtype)
+    step = tl.dot(a_big, b_big, step, input_precision="tf32", out_dtype=acc_dtype)
+    return acc + step  # rounded to nearest, outside the tensor cores (the module docstring)
 
 
 @triton.jit
@@ -310,7 +298,7 @@ def _matmul_kernel(
     GATHER_A: tl.constexpr, RELU_GRAD: tl.constexpr, EPILOGUE: tl.constexpr, LABEL_ROWS: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, TF32: tl.constexpr, SPLIT_AHEAD: tl.constexpr, CARRY_SMALL: tl.constexpr,
+    SPLIT_K: tl.constexpr, TF32: tl.constexpr, SPLIT_AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -343,8 +331,6 @@ def _matmul_kernel(
 
     acc_dtype = tl.float16 if ACC_FP16 else tl.float32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_dtype)
-    behind = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_dtype)  # 3xTF32: the last k step's sum, not yet added
-    small = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_dtype)  # 3xTF32 with CARRY_SMALL: the small products'
     for k in range(0, tl.cdiv(k_len, BLOCK_K)):
         k_left = k_len - k * BLOCK_K
         if GATHER_A == 2:  # a_rows along K: each step gathers its BLOCK_K rows of the stored a
@@ -361,25 +347,17 @@ def _matmul_kernel(
             # fp32 tiles hold bf16 values exactly, so the product is unchanged.
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if TF32 == 3:
-            if SPLIT_AHEAD == 0:
-                a_big, a_small = _split_tf32(a)
-                b_big, b_small = _split_tf32(b)
-            else:  # a and b are the big parts; the small ones lie part_a and part_b elements on
-                a_big, b_big = a, b
-                a_small = tl.load(a_ptrs + part_a, mask=offs_k[None, :] < k_left, other=0.0)
-                b_small = tl.load(b_ptrs + part_b, mask=offs_k[:, None] < k_left, other=0.0)
-            acc, behind, small = _three(a_big, a_small, b_big, b_small, acc, behind, small, acc_dtype, CARRY_SMALL)
-        elif SPLIT_AHEAD == 0:
+        if SPLIT_AHEAD == 0:
             acc = _dot(a, b, acc, acc_dtype, TF32)
-        else:  # TF32 = 1: a and b hold TF32 numbers already
+        elif TF32 == 1:  # a and b hold TF32 numbers already
             acc = tl.dot(a, b, acc, input_precision="tf32", out_dtype=acc_dtype)
+        else:  # a and b are the big parts; the small ones lie part_a and part_b elements on
+            a_small = tl.load(a_ptrs + part_a, mask=offs_k[None, :] < k_left, other=0.0)
+            b_small = tl.load(b_ptrs + part_b, mask=offs_k[:, None] < k_left, other=0.0)
+            acc = _three(a, a_small, b, b_small, acc, acc_dtype)
         if GATHER_A != 2:
             a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    if TF32 == 3:
-        acc += behind
-        acc += small
 
     out = acc.to(tl.float32)
     if SPLIT_K == 1:
@@ -555,18 +533,11 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
         HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False,
         **{"TF32": 0, "SPLIT_AHEAD": 0, **constexprs},  # 16-bit spaces have neither tunable
-        CARRY_SMALL=carry_small(cfg),
     )
     unknown = set(extra) - set(args)
     assert not unknown, f"not parameters of _matmul_kernel: {sorted(unknown)}"
     args.update(extra)
     return rt.Plan(op, dtype, cfg, _matmul_kernel, (tiles, split_k), args, cfg["num_warps"], cfg["num_stages"])
-
-
-def carry_small(cfg: dict) -> bool:
-    """Whether a 3xTF32 tile carries its small products over K (the module docstring): where a
-    thread's four accumulators of the tile fit its registers, 32 floats each at most."""
-    return cfg.get("TF32") == 3 and cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 32 * 32 * cfg["num_warps"]
 
 
 def gather_args(a, a_rows, trans_a: bool) -> dict:
