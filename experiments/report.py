@@ -101,6 +101,7 @@ def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[s
     gemm = ok[ok.group == "gemm"]
     ms = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "time_ms")
     x = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "vs_torch")
+    err = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "rel_err")
     size = ms["shape"].str.split("x").str[0].astype(int)
     gemm_t = pd.DataFrame({
         "matmul": [f"{s}³ {d}" for s, d in zip(size, ms.dtype)], "backend": ms.backend,
@@ -108,6 +109,7 @@ def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[s
         "ms (range of rounds)": [f"{m:.3f} ({lo:.3f}–{hi:.3f})" for m, lo, hi in zip(ms["median"], ms.lo, ms.hi)],
         "TFLOP/s": (2 * size.astype(float) ** 3 / ms["median"] / 1e9).map("{:.0f}".format),
         "vs cuBLAS": x["median"].map("{:.2f}".format),
+        "error": err.hi.map(lambda e: f"{e:.1e}" if pd.notna(e) else ""),
         "next run": spread(ms["median"], ms.lo, ms.hi, KINDS["gemm"], between).map(_pm)})
     rounds = int(gemm.rep.max()) + 1
     return [f"### Kernels against the device's ceilings (commit {commit})", "",
@@ -121,7 +123,8 @@ def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[s
                if (gemm.config_label == "tf32x3").any() else "")
             + " and at the store's tuned one (`tuned`), against cuBLAS through torch in the same round (fp32 with "
             "TF32 off" + ("; with it on, `cuBLAS TF32`, a lower precision" if (gemm.config_label == TORCH_TF32).any()
-                          else "") + "); `vs cuBLAS` is the median of the rounds' ratios; `next run` as above:", "",
+                          else "") + "); `vs cuBLAS` is the median of the rounds' ratios; `error` the largest of the "
+            "rounds' norm-wise errors against float64 on the same inputs, ||C - C64|| / ||C64||; `next run` as above:", "",
             _table(gemm_t), ""]
 
 

@@ -28,7 +28,8 @@ def fake_run(folder, cublas_ms=2.0, twin_ms=(1.0, 4.0), steps=None):
         for backend, label, ms in (("torch", "cuBLAS/aten", cublas_ms), ("cuda", "default", twin_ms[0]),
                                    ("cuda", "tuned", twin_ms[1])):
             kernels.append(dict(group="gemm", op="matmul", backend=backend, dtype="fp16", shape="4096x4096x4096:nn",
-                                config_label=label, status="ok", time_ms=ms * wobble, vs_torch=cublas_ms / ms, rep=rep))
+                                config_label=label, status="ok", time_ms=ms * wobble, vs_torch=cublas_ms / ms, rep=rep,
+                                rel_err=2.0e-4 * wobble))
     _write(folder, "kernels.csv", kernels)
     gemms = [dict(group="ceiling", op="copy", backend="torch", status="ok", gbps=4000.0)] + [dict(group="trainer", backend=b, dtype="fp32", shape="128x1024x784:nn", config_label=label, status="ok",
                   graph_ms=ms / 1e3 * wobble, rep=rep)
@@ -73,8 +74,9 @@ def test_the_section_shows_one_run_and_names_its_commit_once_per_table(results):
     # Kernels: medians of the rounds and their range; the ratio to the copy and to cuBLAS of each round;
     # the next run's spread, the wider of the rounds' band and the kind's largest move on record.
     assert "| relu | cuda | default | 3780 (3600–3960) | 94.5 | ±4.8% |" in text  # no elementwise pair on record
-    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | ±20.0% |" in text
-    assert "| 4096³ fp16 | torch | cuBLAS | 2.100 (2.000–2.200) | 65 | 1.00 | ±20.0% |" in text
+    # The error against float64: the larger of the rounds'.
+    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | 2.2e-04 | ±20.0% |" in text
+    assert "| 4096³ fp16 | torch | cuBLAS | 2.100 (2.000–2.200) | 65 | 1.00 | 2.2e-04 | ±20.0% |" in text
     # The trainer's GEMMs: the median time over rounds, cuBLAS's over the twin's; rounds of 12 and 36 µs.
     assert "| fp32 | cuda | tuned | 1 | 2.00× | 2.00× | 2.00× |" in text
     assert "| fp32 | 128x1024x784:nn | 48.0 | 24.0 ±50.0% (2.00×) | 16.0 ±50.0% (3.00×) |" in text
@@ -224,7 +226,7 @@ def test_the_spreads_draw_on_every_gpus_pairs_and_a_pair_is_recorded_with_its_ow
     second = tmp_path / "second"
     fake_run(second, twin_ms=(1.3, 4.0))  # 30% off a 10% band
     plant_record(tmp_path / "other", {"square matmuls": 0.35})
-    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | ±35.0% |" in report.render("gpu")
+    assert "| 4096³ fp16 | cuda | tuned | 4.200 (4.000–4.400) | 33 | 0.50 | 2.2e-04 | ±35.0% |" in report.render("gpu")
     assert report.main(["--gpu", "gpu", "--rerun", str(second)]) == 0
     assert "23 of 23 figures" in capsys.readouterr().out
     assert len(pd.read_csv(tmp_path / "other" / report.RERUNS)) == 1
