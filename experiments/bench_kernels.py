@@ -15,7 +15,8 @@ of one config shows next to the differences between configs.
 Every case is checked against a reference before it is timed (a wrong kernel
 is reported as such and never timed); a matmul row records its error against
 float64 (`rel_err`). fp32 products are timed in 3xTF32 too (label `tf32x3`,
-each twin whose space has the TF32 tunable), and torch's with TF32 on
+each twin whose space has the TF32 tunable; square ones also on operands split
+ahead, `tf32x3 split ahead` and on sm_90 `tf32x3 wgmma`), and torch's with TF32 on
 (`cuBLAS TF32`, a lower precision held to TF32's tolerance), beside cuBLAS's
 IEEE fp32, which `vs_torch` stays against. Two times per row, both medians of many
 repetitions: `time_ms`, one call at a time with L2 flushed between calls
@@ -78,26 +79,29 @@ def elementwise_cases(n_rows: int) -> list[Case]:
 
 def gemm_cases(shapes: list[tuple[str, int]], store=None, arch: int | None = None) -> list[Case]:
     """Square products, (dtype, size) each, with each twin's default config and its tuned one where
-    the store has that exact shape; on sm_90 (`arch`, by default the local GPU's) fp32 in 3xTF32 on
-    the wgmma kernel too."""
+    the store has that exact shape; fp32 in 3xTF32 on operands split ahead too (`arch`, by default
+    the local GPU's: the wgmma kernel on sm_90)."""
     if arch is None:
         arch = contract.device_arch(torch.device("cuda")) if torch.cuda.is_available() else 0
     return [Case("gemm", "matmul", dt, (size,) * 3,
-                 configs=_configs(store, dt, shape_key((size,) * 3, "nn"), wgmma=arch == 90)) for dt, size in shapes]
+                 configs=_configs(store, dt, shape_key((size,) * 3, "nn"), ahead_arch=arch)) for dt, size in shapes]
 
 
-def _configs(store, dtype: str, key: str, wgmma: bool = False) -> dict:
-    """Each twin's configs to time: its default, in 3xTF32 where its space has the TF32 tunable (and
-    with `wgmma`, where its fp32 space has the WGMMA tunable, 3xTF32 on that kernel too: `tf32x3
-    wgmma`), and its tuned one if the store has `key`."""
+def _configs(store, dtype: str, key: str, ahead_arch: int | None = None) -> dict:
+    """Each twin's configs to time: its default, in 3xTF32 where its space has the TF32 tunable, and
+    its tuned one if the store has `key`. With `ahead_arch`, 3xTF32 on operands split ahead too, the
+    twins' fast path for large products: Triton's SPLIT_AHEAD (`tf32x3 split ahead`) and, on sm_90,
+    the CUDA twin's wgmma kernel (`tf32x3 wgmma`), each the nearest such config to the default."""
     configs = {}
     for backend in ("cuda", "triton"):
         configs[backend] = [("default", None)]
         space = kernel_packages.space(backend, "matmul", dtype)
         if "TF32" in space.params:
             configs[backend].append(("tf32x3", _nearest(space, TF32=3)))
-            if wgmma and "WGMMA" in space.params:
-                configs[backend].append(("tf32x3 wgmma", _nearest(space, TF32=3, WGMMA=1)))
+            if ahead_arch is not None and "SPLIT_AHEAD" in space.params:
+                configs[backend].append(("tf32x3 split ahead", _nearest(space, ahead_arch, TF32=3, SPLIT_AHEAD=1)))
+            if ahead_arch == 90 and "WGMMA" in space.params:
+                configs[backend].append(("tf32x3 wgmma", _nearest(space, ahead_arch, TF32=3, WGMMA=1)))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
         if source == "tuned":
             configs[backend].append(("tuned", tuned))

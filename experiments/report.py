@@ -118,8 +118,10 @@ def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[s
             f"process of its own, and their range; {NEXT_RUN}:", "", _table(ew_t), "",
             "Square matmuls, each twin at its default config"
             + (", in 3xTF32 (fp32, `tf32x3`: its default, on the tensor cores where that is the FMA units'"
-               " kernel" + ("; `tf32x3 wgmma`: the nearest config on Hopper's wgmma, the operands split ahead"
-                            if (gemm.config_label == "tf32x3 wgmma").any() else "") + ")"
+               " kernel" + ("; `tf32x3 split ahead`: the nearest config with the operands split into TF32 parts"
+                            " before the GEMM" if (gemm.config_label == "tf32x3 split ahead").any() else "")
+               + ("; `tf32x3 wgmma`: the nearest config on Hopper's wgmma, the operands split ahead"
+                  if (gemm.config_label == "tf32x3 wgmma").any() else "") + ")"
                if (gemm.config_label == "tf32x3").any() else "")
             + " and at the store's tuned one (`tuned`), against cuBLAS through torch in the same round (fp32 with "
             "TF32 off" + ("; with it on, `cuBLAS TF32`, a lower precision" if (gemm.config_label == TORCH_TF32).any()

@@ -36,6 +36,17 @@ def test_trainer_group_times_a_tuned_config_only_for_its_exact_shape():
     assert square[("fp16", (4096,) * 3)].configs == {"cuda": [("default", None), ("tuned", tuned)],
                                                      "triton": [("default", None)]}
     assert square[("fp16", (4095,) * 3)].configs["cuda"] == [("default", None)]
+    # fp32 squares: 3xTF32 on operands split ahead too, each twin's nearest such config to its default;
+    # the CUDA twin's (the wgmma kernel) on sm_90 alone.
+    for arch, cuda_ahead in ((90, True), (80, False)):
+        (fp32,) = bench_kernels.gemm_cases([("fp32", 4096)], arch=arch)
+        labels = {backend: [label for label, _ in configs] for backend, configs in fp32.configs.items()}
+        assert labels["triton"] == ["default", "tf32x3", "tf32x3 split ahead"]
+        assert labels["cuda"] == ["default", "tf32x3"] + (["tf32x3 wgmma"] if cuda_ahead else [])
+        ahead = dict(fp32.configs["triton"])["tf32x3 split ahead"]
+        assert ahead["TF32"] == 3 and ahead["SPLIT_AHEAD"] == 1
+        if cuda_ahead:
+            assert dict(fp32.configs["cuda"])["tf32x3 wgmma"]["WGMMA"] == 1
 
 
 def test_fp32_products_time_torch_with_tf32_on_beside_ieee_cublas():

@@ -151,7 +151,8 @@ def test_the_compile_stage_builds_what_the_timed_stages_run_and_nothing_else(tmp
     gemm_jobs = [j for j in jobs if j[0] is headline._warm_gemm]
     assert [(j[2], j[3]) for j in gemm_jobs] == [("cuda", None), ("cuda", {"BLOCK_K": 16, "TF32": 3}),
                                                  ("cuda", {"BLOCK_M": 64, "BLOCK_K": 32, "TF32": 3, "WGMMA": 1}),
-                                                 ("triton", None), ("triton", {"TF32": 3})]
+                                                 ("triton", None), ("triton", {"TF32": 3}),
+                                                 ("triton", {"TF32": 3, "SPLIT_AHEAD": 1})]
     off_hopper = bench_kernels.gemm_cases([("fp32", 256)], arch=80)[0].configs["cuda"]
     assert [label for label, _ in off_hopper] == ["default", "tf32x3"]  # wgmma is sm_90a's alone
     trains = [j[1] for j in jobs if j[0] is headline._warm_train]
