@@ -88,9 +88,9 @@ class _ValidTPE(optuna.samplers.TPESampler):
     the valid configs instead of from the product of the values, and later the model's candidates
     that are invalid or taken score -inf, so its choice is the best of the others. Without an
     enumerated space (`valid` None) it is tpe-ei64. Where the space has `families` (Space.families:
-    the tunables that pick a kernel), a uniform draw first takes a rare family no trial of the study
-    holds yet, while there is one: rare, one that TPE's uniform start would leave out more often than
-    not (the CUDA fp32 wgmma kernel's 22 configs beside 9,364 others). A family of a fair share is
+    the tunables that pick a kernel), the study's first trials draw each a rare family no trial of the
+    study holds yet, the first trial the first family: rare, one that TPE's uniform start would leave
+    out more often than not (the CUDA fp32 wgmma kernel's 22 configs beside 9,364 others). A family of a fair share is
     left to the uniform draws: forcing every family in cost the common ones' searches more than it
     found (experiments/FINDINGS.md, "Tuner samplers and search quality").
 
@@ -136,14 +136,17 @@ class _ValidTPE(optuna.samplers.TPESampler):
                 return params
             if not params:
                 break
-        return dict(zip(self._space, self._uniform(taken)))
+        return dict(zip(self._space, self._uniform(taken, trial.number)))
 
     def _family(self, point: tuple) -> tuple:
         return tuple(point[i] for i in self._at)
 
-    def _uniform(self, taken: set[tuple]) -> tuple:
-        """A free point drawn uniformly: from a rare family no point `taken` is of, while there is one."""
-        untried = self._rare - {self._family(p) for p in taken}
+    def _uniform(self, taken: set[tuple], number: int) -> tuple:
+        """A free point drawn uniformly: from a rare family no point `taken` is of, where this is the
+        study's trial of that family's rank (0 for the first): compile processes ask a study at once,
+        each before the others' configs are stored, and each would draw the family."""
+        due = set(sorted(self._rare)[number:number + 1])
+        untried = due - {self._family(p) for p in taken}
         pool = [p for p in self._free if self._family(p) in untried] if untried else []
         if pool:
             family = self._pick.choice(sorted({self._family(p) for p in pool}))

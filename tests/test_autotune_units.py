@@ -7,6 +7,7 @@ import math
 import subprocess
 import threading
 import time
+import types
 
 import optuna
 import pytest
@@ -648,6 +649,24 @@ def test_tpe_valid_tries_a_rare_kernel_family_first_and_leaves_common_ones_to_ch
     common = {"K": [0, 2], "A": values["A"], "B": values["B"]}
     common_valid = [c for c in view.valid if c["K"] != 1]
     assert first(("K",), seeds[0], 12, common, common_valid) == first((), seeds[0], 12, common, common_valid)
+
+
+def test_asks_made_at_once_draw_a_rare_family_once(tmp_path, rng):
+    """Compile processes ask a study at once, each before the others' configs are in the storage: the
+    rare family's draw falls to the study's first trial alone, not to every ask that finds no trial of
+    it (on a GPU the first four trials of a 4096^3 fp32 study were all wgmma configs)."""
+    values = {"K": [0, 1, 2], "A": [1, 2, 3, 4, 5, 6], "B": [1, 2, 4, 8, 16, 32]}
+    check = lambda c: None if c["K"] != 1 or (c["A"], c["B"]) == (3, 8) else "K = 1 takes one tile"  # noqa: E731
+    view = _view(values, check)
+    storage = open_storage(f"sqlite:///{tmp_path / 't.db'}")
+    seed = int(torch.randint(0, 2**31, (1,), generator=rng))
+    sampler = make_sampler("tpe-valid", seed, values, valid=view.valid, families=("K",))
+    # Each uniform draw takes the first of what it may draw from: a config of K = 0 unless the family is forced.
+    sampler._pick = types.SimpleNamespace(choice=lambda seq: list(seq)[0])
+    study = optuna.create_study(storage=storage, sampler=sampler)
+    trials = [storage.get_trial(storage.create_new_trial(study._study_id)) for _ in range(4)]  # none has params yet
+    drawn = [sampler.sample_relative(study, t, sampler.infer_relative_search_space(study, t)) for t in trials]
+    assert [d["K#index"] for d in drawn] == [values["K"].index(1), 0, 0, 0]
 
 
 def test_families_are_tunables_of_their_space():
