@@ -98,22 +98,26 @@ def _configs(store, dtype: str, key: str, ahead_arch: int | None = None) -> dict
         space = kernel_packages.space(backend, "matmul", dtype)
         if "TF32" in space.params:
             configs[backend].append(("tf32x3", _nearest(space, TF32=3)))
-            if ahead_arch is not None and "SPLIT_AHEAD" in space.params:
-                configs[backend].append(("tf32x3 split ahead", _nearest(space, ahead_arch, TF32=3, SPLIT_AHEAD=1)))
-            if ahead_arch == 90 and "WGMMA" in space.params:
-                configs[backend].append(("tf32x3 wgmma", _nearest(space, ahead_arch, TF32=3, WGMMA=1)))
+            for label, tunable in (("tf32x3 split ahead", "SPLIT_AHEAD"), ("tf32x3 wgmma", "WGMMA")):
+                ahead = _nearest(space, ahead_arch, TF32=3, **{tunable: 1}) if ahead_arch and tunable in space.params \
+                    else None
+                if ahead is not None:  # None: no such config runs on ahead_arch (TF32 before sm_80, wgmma off sm_90)
+                    configs[backend].append((label, ahead))
         tuned, source = store.lookup("matmul", backend, dtype, key) if store else (None, "")
         if source == "tuned":
             configs[backend].append(("tuned", tuned))
     return configs
 
 
-def _nearest(space, arch: int = 90, **fixed) -> dict:
+def _nearest(space, arch: int = 90, **fixed) -> dict | None:
     """The overrides of the space's fp32 default for its valid config with the `fixed` values that
     differs from the default in the fewest tunables (the first such in the space's order): just
     `fixed` where the default's tiles take them (Triton's in 3xTF32), else the least change that
-    makes them run (the CUDA twin's SIMT default, BLOCK_K = 8, takes 16 on the tensor cores)."""
+    makes them run (the CUDA twin's SIMT default, BLOCK_K = 8, takes 16 on the tensor cores); None
+    where no config with them runs on `arch`."""
     configs = [c for c in space.configs(4, arch) if all(c[k] == v for k, v in fixed.items())]
+    if not configs:
+        return None
     best = min(configs, key=lambda c: sum(c[k] != v for k, v in space.default.items()))
     return {k: v for k, v in best.items() if v != space.default[k]}
 

@@ -101,7 +101,9 @@ def kernels_section(df: pd.DataFrame, commit: str, between: pd.Series) -> list[s
     gemm = ok[ok.group == "gemm"]
     ms = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "time_ms")
     x = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "vs_torch")
-    err = _rounds(gemm, ["dtype", "shape", "backend", "config_label"], "rel_err")
+    # Runs before the error was recorded have no rel_err: an empty column.
+    err = _rounds(gemm.assign(rel_err=pd.to_numeric(gemm.get("rel_err", np.nan))),
+                  ["dtype", "shape", "backend", "config_label"], "rel_err")
     size = ms["shape"].str.split("x").str[0].astype(int)
     gemm_t = pd.DataFrame({
         "matmul": [f"{s}³ {d}" for s, d in zip(size, ms.dtype)], "backend": ms.backend,
@@ -380,8 +382,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if the section is stale, or the run's CSVs mix commits or repeat a row")
     ap.add_argument("--rerun", type=Path, metavar="FOLDER",
-                    help="judge another headline run's folder against this GPU's spreads, then add the pair to "
-                         f"the record ({RERUNS} beside it)")
+                    help="judge another headline run's folder against this GPU's run and the spreads every "
+                         f"GPU's pairs give, then add the pair to this GPU's record ({RERUNS} beside it)")
     args = ap.parse_args(argv)
     if args.rerun:
         out = results_dir(args.gpu) / RERUNS
@@ -395,7 +397,8 @@ def main(argv=None) -> int:
               f"{rerun_summary(table).to_string(index=False)}\nthe largest moves against their spreads:\n"
               + table.reindex((table.moved.abs() / table.spread).sort_values(ascending=False).index).head(8)
               .drop(columns="kind").to_string(index=False))
-        pd.concat([earlier[earlier.gpu == args.gpu].drop(columns="gpu"), table], ignore_index=True).to_csv(out, index=False)
+        pd.concat([earlier[earlier.gpu == args.gpu].drop(columns="gpu"), table], ignore_index=True)[table.columns].to_csv(
+            out, index=False)
         print(f"added the pair {pair[0]} / {pair[1]} to {out}")
         return 0
     try:

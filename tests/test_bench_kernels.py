@@ -36,13 +36,16 @@ def test_trainer_group_times_a_tuned_config_only_for_its_exact_shape():
     assert square[("fp16", (4096,) * 3)].configs == {"cuda": [("default", None), ("tuned", tuned)],
                                                      "triton": [("default", None)]}
     assert square[("fp16", (4095,) * 3)].configs["cuda"] == [("default", None)]
-    # fp32 squares: 3xTF32 on operands split ahead too, each twin's nearest such config to its default;
-    # the CUDA twin's (the wgmma kernel) on sm_90 alone.
-    for arch, cuda_ahead in ((90, True), (80, False)):
+    # fp32 squares: 3xTF32 on operands split ahead too, each twin's nearest such config to its default,
+    # where one runs: the CUDA twin's (the wgmma kernel) on sm_90 alone, Triton's from sm_80 (TF32), none
+    # without a GPU (arch 0).
+    for arch, triton_ahead, cuda_ahead in ((90, True, True), (80, True, False), (75, False, False), (0, False, False)):
         (fp32,) = bench_kernels.gemm_cases([("fp32", 4096)], arch=arch)
         labels = {backend: [label for label, _ in configs] for backend, configs in fp32.configs.items()}
-        assert labels["triton"] == ["default", "tf32x3", "tf32x3 split ahead"]
+        assert labels["triton"] == ["default", "tf32x3"] + (["tf32x3 split ahead"] if triton_ahead else [])
         assert labels["cuda"] == ["default", "tf32x3"] + (["tf32x3 wgmma"] if cuda_ahead else [])
+        if not triton_ahead:
+            continue
         ahead = dict(fp32.configs["triton"])["tf32x3 split ahead"]
         assert ahead["TF32"] == 3 and ahead["SPLIT_AHEAD"] == 1
         if cuda_ahead:
