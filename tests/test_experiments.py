@@ -1,4 +1,6 @@
 """The experiment scripts' CPU-side logic: result checks, loss-curve files, the generated README."""
+import sys
+
 import pytest
 import pandas as pd
 import torch
@@ -412,3 +414,20 @@ def test_tuning_speed_replaces_a_runs_row_only_at_its_own_commit_and_device(tmp_
     assert sorted(zip(df.run, df.device, df.commit, df.wall_s)) == [
         ("make-run-cold", "NVIDIA H100 80GB HBM3", "0abc123", 86.1), ("make-run-cold", "NVIDIA H200", "0abc123", 80.0),
         ("make-run-cold", "NVIDIA H200", "84b2eaa", 91.2), ("make-run-warm", "NVIDIA H200", "0abc123", 73.0)]
+
+
+@pytest.mark.slow  # compiles in a subprocess (the test process interprets)
+def test_compile_stages_times_each_stage_of_a_compile_from_scratch(tmp_path):
+    """experiments.compile_stages: a compile's stages as Triton's own timer reports them, with line
+    info and without, each a compile from scratch (not a cache hit: the ptxas stage takes time)."""
+    import subprocess
+
+    out = tmp_path / "stages.csv"
+    done = subprocess.run([sys.executable, "-m", "experiments.compile_stages", "--dtypes", "fp16", "--configs", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    df = pd.read_csv(out)
+    assert sorted(df.line_info) == [False, True] and set(df.dtype) == {"fp16"}
+    stages = ["make_ir", "ttir", "ttgir", "llir", "ptx", "cubin", "store"]
+    assert (df[stages[:-1]] > 0).all().all() and (df.cubin > 0.005).all()
+    assert ((df[stages].sum(axis=1) - df.total).abs() < 1e-3).all()
