@@ -238,7 +238,7 @@ def render(gpu: str) -> str:
     frames = {name: read(name) for name in ("kernels.csv", "trainer_gemms.csv", *STEP_CSVS, "tuning.csv",
                                               "stages.csv")}
     found = {name: df for name, df in frames.items() if df is not None and len(df)}
-    between = between_runs(reruns())
+    between = between_runs(reruns(results_dir(gpu).parent))
     if "stages.csv" not in found:
         return "\n".join([BEGIN, "", "No results yet: run `python -m experiments.headline` on a GPU.", "", END])
     commits = {str(c) for df in found.values() for c in df["commit"].dropna().unique()}
@@ -321,11 +321,11 @@ def _pm(fraction) -> str:
     return f"±{100 * fraction:.1f}%"
 
 
-def reruns() -> pd.DataFrame:
-    """The pairs of runs on record, every GPU's (a `gpu` column names each pair's): a user's next run
-    is on another machine, and how far figures move between machines is measured wherever two runs were
-    made, not only on the GPU a README shows."""
-    paths = sorted(results_dir("any").parent.glob(f"*/{RERUNS}"))
+def reruns(results: Path) -> pd.DataFrame:
+    """The pairs of runs on record in every GPU's folder under `results` (a `gpu` column names each
+    pair's): a user's next run is on another machine, and how far figures move between machines is
+    measured wherever two runs were made, not only on the GPU a README shows."""
+    paths = sorted(results.glob(f"*/{RERUNS}"))
     return pd.concat([pd.read_csv(path, dtype={"commit": str, "commit_second": str}).assign(gpu=path.parent.name)
                       for path in paths], ignore_index=True) if paths else pd.DataFrame(
         columns=["kind", "moved", "commit", "commit_second", "gpu"])
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
     if args.rerun:
         out = results_dir(args.gpu) / RERUNS
         first = results_dir(args.gpu) / "headline"
-        record = reruns()
+        record = reruns(results_dir(args.gpu).parent)
         pair = (run_commit(first), run_commit(args.rerun))
         earlier = record[(record.gpu != args.gpu) | (record.commit != pair[0]) | (record.commit_second != pair[1])]
         table = rerun(first, args.rerun, earlier)

@@ -236,7 +236,7 @@ def test_the_spreads_draw_on_every_gpus_pairs_and_a_pair_is_recorded_with_its_ow
     assert len(pd.read_csv(tmp_path / "other" / report.RERUNS)) == 1
     written = pd.read_csv(results.parent / report.RERUNS)
     assert len(written) == 23 and "gpu" not in written and list(written.columns[:3]) == ["kind", "figure", "median"]
-    assert set(report.reruns().gpu) == {"gpu", "other"}
+    assert set(report.reruns(tmp_path).gpu) == {"gpu", "other"}
 
 
 def test_resume_keeps_a_finished_runs_stages_and_refuses_another_commits(tmp_path):
