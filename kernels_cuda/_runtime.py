@@ -24,10 +24,15 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from kernels_core import compile_only, contract
+from kernels_core import compile_only, contract, dependent_launch
+
+from . import _dependent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NVRTC_OPTIONS = ("-std=c++17",)
+# The sources whose every kernel calls dependent_start() (ptx.cuh) first: the kernels that may run as
+# programmatic dependent launches (kernels_core/dependent_launch.py); built apart, with DEPENDENT_LAUNCH.
+DEPENDENT_SOURCES = frozenset({"matmul_simt.cu", "matmul_tc.cu", "matmul_wgmma.cu", "matmul_wgmma_tf32x3.cu"})
 
 
 @dataclass(frozen=True)
@@ -167,14 +172,16 @@ _streams: dict[tuple[int, int], object] = {}
 _launched: dict[tuple[str, str], tuple[int, object]] = {}
 
 
-def function(variant: Variant, device: int, smem: int):
-    key = (variant.source, variant.name_expr, device)
+def function(variant: Variant, device: int, smem: int, dependent: bool = False):
+    key = (variant.source, variant.name_expr, device, dependent)
     fn = _functions.get(key)
     if fn is None:
         cp = cupy()
         options = NVRTC_OPTIONS
         if variant.sm_suffix:
             options += (f"-arch=sm_{device_props(device)[0]}{variant.sm_suffix}",)
+        if dependent:
+            options += ("-DDEPENDENT_LAUNCH=1",)
         with cp.cuda.Device(device):
             module = cp.RawModule(code=source(variant.source), options=options,
                                   name_expressions=[variant.name_expr])
@@ -214,13 +221,19 @@ def launch(variant: Variant, device: int, grid, block, args, smem: int = 0, *, f
     _, smem_limit = device_props(device)
     if smem > smem_limit:
         raise ValueError(f"config: needs {smem} bytes of shared memory per block, the GPU allows {smem_limit}")
-    fn = function(variant, device, smem)
+    dependent = dependent_launch.active() and variant.source in DEPENDENT_SOURCES
+    fn = function(variant, device, smem, dependent)
     _variant_of[for_] = variant
     if compile_only.active():
         return
     cp = cupy()
-    with cp.cuda.Device(device), _stream(device):
-        fn(tuple(grid), tuple(block), tuple(args), shared_mem=smem)
+    with cp.cuda.Device(device):
+        if dependent:
+            _dependent.launch(fn, tuple(grid), tuple(block), tuple(args), smem,
+                              torch.cuda.current_stream(device).cuda_stream)
+        else:
+            with _stream(device):
+                fn(tuple(grid), tuple(block), tuple(args), shared_mem=smem)
 
 
 def ptr(t: torch.Tensor | None) -> np.uint64:
@@ -241,8 +254,18 @@ def f32(v: float) -> np.float32:
 
 def by_value(address: int):
     """A struct argument (a TMA tensor map) copied into the launch from host memory at `address`:
-    CuPy hands the pointer to cuLaunchKernel's kernelParams, which copy the parameter's size."""
-    return cupy().cuda.function.CPointer(address)
+    CuPy hands the pointer to cuLaunchKernel's kernelParams, which copy the parameter's size; a
+    dependent launch reads the address back (`address`), as CuPy keeps its own out of reach."""
+    return _by_value_type()(address)
+
+
+@functools.lru_cache(maxsize=None)
+def _by_value_type():
+    class ByValue(cupy().cuda.function.CPointer):
+        def __init__(self, address: int):
+            super().__init__(address)
+            self.address = address
+    return ByValue
 
 
 def resource_report(for_: tuple) -> dict | None:

@@ -156,6 +156,7 @@ template <int BM, int BN, int BK, int TM, int TN, int VA, int VB, int STAGES, in
 __global__ void __launch_bounds__(BM * BN / (TM * TN))
 matmul_simt_kernel(const float* A, const float* B, const float* bias, float* C, int M, int N, int K,
                    i64 lda, i64 ldb, float* partials, int* counters, int k_slice, FUSED_PARAMS(float)) {
+    dependent_start();
     static_assert(EPI == EPI_PLAIN || EPI == EPI_XENT || !(HAS_BIAS || RELU), "relu_grad_of and linear_sgd: no bias, no ReLU");
     static_assert(EPI != EPI_XENT || !RELU, "linear_cross_entropy: no ReLU");
     static_assert(EPI != EPI_SGD || SPLIT_K == 1, "linear_sgd: no split-K");

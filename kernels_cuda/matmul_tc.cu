@@ -603,6 +603,7 @@ template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int VA, 
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
 matmul_tc_kernel(const EltT<DT>* A, const EltT<DT>* B, const EltT<DT>* bias, EltT<DT>* C, int M, int N, int K, i64 lda,
                  i64 ldb, float* partials, int* counters, int k_slice, FUSED_PARAMS(EltT<DT>)) {
+    dependent_start();
     static_assert(SM80 || STAGES == 2, "sm_75 double-buffers through registers: exactly 2 stages");
     static_assert(SM80 || DT == DT_FP16, "sm_75 tensor cores have no bf16 mma");
     static_assert((DT == DT_FP32) == (TF32 == 1 || TF32 == 3), "fp32 runs on the tensor cores as TF32 or 3xTF32 only");

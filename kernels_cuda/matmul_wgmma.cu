@@ -103,6 +103,7 @@ template <int DT, int BM, int BN, int STAGES, int CONSUMERS, int GROUP_M, int A_
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 matmul_wgmma_kernel(const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b,
                     const u16* __restrict__ bias, u16* __restrict__ C, int M, int N, int K) {
+    dependent_start();
     typedef Elt<DT> E;
     constexpr int BK = 64;
     constexpr int WM = BM / CONSUMERS;  // rows of one consumer warpgroup

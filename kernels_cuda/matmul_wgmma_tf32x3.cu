@@ -57,6 +57,7 @@ template <int PARTS, int K_CONTIG>
 __global__ void __launch_bounds__(256)
 tf32_split_kernel(const float* __restrict__ x, float* __restrict__ big, float* __restrict__ small, int rows, int K,
                   i64 s_r, i64 s_k, i64 ld) {
+    dependent_start();
     __shared__ float tile[32][33];  // [r][k]; the odd row length keeps the transposing accesses conflict-free
     const int r0 = blockIdx.x * 32;
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 matmul_wgmma_tf32x3_kernel(const __grid_constant__ TmaMap map_a_big, const __grid_constant__ TmaMap map_a_small,
                            const __grid_constant__ TmaMap map_b_big, const __grid_constant__ TmaMap map_b_small,
                            const float* __restrict__ bias, float* __restrict__ C, int M, int N, int K) {
+    dependent_start();
     constexpr int BK = 32;
     constexpr u32 A_BYTES = BM * BK * 4, B_BYTES = BN * BK * 4;
     constexpr u32 STAGE_BYTES = PARTS * (A_BYTES + B_BYTES);

@@ -33,6 +33,17 @@ __device__ __forceinline__ void cp_async_whole(u32 dst, const void* src) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
 }
 
+// A dependent launch's start (kernels_core/dependent_launch.py): wait until the kernel before on
+// the stream has finished and its writes are visible, then let the next kernel's blocks be placed.
+// Every kernel of the sources in _runtime.DEPENDENT_SOURCES calls it first, before any access to
+// global memory; built without DEPENDENT_LAUNCH (every launch but a dependent one) it is empty.
+__device__ __forceinline__ void dependent_start() {
+#if DEPENDENT_LAUNCH
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>

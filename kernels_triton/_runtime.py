@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kernels_core import compile_only, contract
+from kernels_core import compile_only, contract, dependent_launch
 from kernels_core.space import Space
 
 
@@ -116,13 +116,15 @@ def launch(plan: Plan) -> None:
     device = next(v.device for v in plan.args.values() if isinstance(v, torch.Tensor))
     if compile_only.active() and interpreting():
         return  # the interpreter compiles nothing
+    args, options = plan.args, dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if dependent_launch.active() and "PDL" in args:  # a kernel that waits first (_dependent_start)
+        args, options = {**args, "PDL": True}, {**options, "launch_pdl": True}
     # Triton launches on the current device; tensors on another GPU need it switched.
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if compile_only.active():  # the same specialization as a launch, so the launch finds it cached
-            compiled = plan.kernel.warmup(grid=plan.grid, **plan.args, num_warps=plan.num_warps,
-                                          num_stages=plan.num_stages)
+            compiled = plan.kernel.warmup(grid=plan.grid, **args, **options)
         else:
-            compiled = plan.kernel[plan.grid](**plan.args, num_warps=plan.num_warps, num_stages=plan.num_stages)
+            compiled = plan.kernel[plan.grid](**args, **options)
     if compiled is not None:  # the interpreter returns nothing
         LAUNCHED[config_key(plan.op, plan.dtype, plan.config)] = compiled
 

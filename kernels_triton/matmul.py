@@ -170,13 +170,24 @@ def _three(a_big, a_small, b_big, b_small, acc, acc_dtype: tl.constexpr):
 
 
 @triton.jit
+def _dependent_start(PDL: tl.constexpr):
+    """A dependent launch's start (kernels_core/dependent_launch.py): wait for the kernel before to
+    finish and its writes to land, then let the next kernel's blocks be placed. Before any access
+    to global memory; PDL = 0 compiles nothing."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _split_kernel(x_ptr, big_ptr, R, K, stride_r, stride_k, ld, part, TF32: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """SPLIT_AHEAD's pass: X (R x K, element (r, k) at x_ptr + r * stride_r + k * stride_k) into its
     TF32 parts, k-contiguous, ld elements a row: 3xTF32's big and, `part` elements on, small
     (TF32 = 3), or TF32's rounding (TF32 = 1). Triton lays a tile out anew between the load and the
     store when X is not k-contiguous: the transpose of a row-major B. One grid axis, rows fastest (a
     second axis would hold at most 65535 k blocks, K up to about 4.2M)."""
+    _dependent_start(PDL)
     tiles_r = tl.cdiv(R, BLOCK_R)
     offs_r = (tl.program_id(0) % tiles_r) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_k = (tl.program_id(0) // tiles_r) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -298,8 +309,9 @@ def _matmul_kernel(
     GATHER_A: tl.constexpr, RELU_GRAD: tl.constexpr, EPILOGUE: tl.constexpr, LABEL_ROWS: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, W_LOW: tl.constexpr, B_LOW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, TF32: tl.constexpr, SPLIT_AHEAD: tl.constexpr,
+    SPLIT_K: tl.constexpr, TF32: tl.constexpr, SPLIT_AHEAD: tl.constexpr, PDL: tl.constexpr,
 ):
+    _dependent_start(PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -531,7 +543,7 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         HAS_BIAS=bias is not None, RELU=activation == "relu", ACC_FP16=accumulate == "fp16",
         UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
         GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
-        HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False,
+        HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False, PDL=False,
         **{"TF32": 0, "SPLIT_AHEAD": 0, **constexprs},  # 16-bit spaces have neither tunable
     )
     unknown = set(extra) - set(args)
@@ -596,7 +608,8 @@ def split_ahead(x: torch.Tensor, rows: int, K: int, trans: bool, tf32: int, dtyp
     grid = (cdiv(rows, SPLIT_BLOCK) * cdiv(K, SPLIT_BLOCK),)
     return parts[0], rt.Plan("tf32_split", dtype, cfg, _split_kernel, grid,
                              dict(x_ptr=x, big_ptr=parts, R=rows, K=K, stride_r=stride_r, stride_k=stride_k, ld=ld,
-                                  part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK), num_warps=4)
+                                  part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK, PDL=False),
+                             num_warps=4)
 
 
 def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, out=None, config=None,

@@ -43,7 +43,7 @@ def fused_flags(variant) -> tuple[int, str]:
 def fake_gpu(monkeypatch):
     loaded = {}
 
-    def function(variant, device, smem):
+    def function(variant, device, smem, dependent=False):
         def fn(*args, **kwargs):
             fn.runs += 1
         fn.num_regs, fn.shared_size_bytes, fn.local_size_bytes = len(loaded) + 40, 128, 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels_core import backends as kernel_packages
+from kernels_core import backends as kernel_packages, dependent_launch
 from kernels_core.contract import DTYPES, device_arch
 from trainer.config import Config
 from trainer.tuned_configs import CallConfigs, as_fused, open_store
@@ -22,13 +22,20 @@ class NeedsGpu(RuntimeError):
 
 def pick_device(config: Config) -> torch.device:
     if torch.cuda.is_available():
-        return torch.device("cuda")
-    if config.backend == "cuda":
+        device = torch.device("cuda")
+    elif config.backend == "cuda":
         raise NeedsGpu(
             "the cuda backend runs CUDA C++ kernels through CuPy and needs an NVIDIA GPU; none was found. "
             "On a CPU use --backend torch, or --backend triton (runs under the Triton interpreter, slowly)."
         )
-    return torch.device("cpu")
+    else:
+        device = torch.device("cpu")
+    if config.pdl:
+        try:
+            dependent_launch.check(device)
+        except ValueError as e:
+            raise NeedsGpu(f"--pdl: {e}") from None
+    return device
 
 
 def make_backend(config: Config, device: torch.device):

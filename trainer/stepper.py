@@ -13,25 +13,27 @@ import time
 import torch
 
 from kernels_core import timing
+from kernels_core.dependent_launch import dependent_launch
 from trainer.data import DeviceBatches
 
 GRAPH_WARMUP = 3
 
 
 class Stepper:
-    def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor):
-        self.backend, self.batches, self.losses = backend, batches, losses
+    def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor, pdl: bool = False):
+        self.backend, self.batches, self.losses, self.pdl = backend, batches, losses, pdl
         self.graph: torch.cuda.CUDAGraph | None = None
         self.ops_per_step: int | None = None  # counted by prepare() on a GPU
 
     def eager(self) -> None:
-        if getattr(self.backend, "gathers_batch", False):  # its kernels read the batch's rows themselves
-            rows, slot = self.batches.next_rows()
-            loss = self.backend.step(self.batches.x, self.batches.y, rows)
-        else:
-            x, y, slot = self.batches.next()
-            loss = self.backend.step(x, y)
-        self.losses.index_copy_(0, slot.view(1), loss.view(1).float())
+        with dependent_launch(self.pdl):  # a capture keeps the launches' dependencies as they were made
+            if getattr(self.backend, "gathers_batch", False):  # its kernels read the batch's rows themselves
+                rows, slot = self.batches.next_rows()
+                loss = self.backend.step(self.batches.x, self.batches.y, rows)
+            else:
+                x, y, slot = self.batches.next()
+                loss = self.backend.step(x, y)
+            self.losses.index_copy_(0, slot.view(1), loss.view(1).float())
 
     def prepare(self, capture: bool) -> None:
         """Compile (and capture) before the clock starts; leaves the state as it was.

@@ -156,7 +156,7 @@ def build(config: Config) -> Built:
     backend, configs = make_backend(config, device)
     batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
     losses = torch.zeros(batches.steps_per_epoch, dtype=torch.float32, device=device)
-    return Built(device, data, backend, configs, batches, Stepper(backend, batches, losses))
+    return Built(device, data, backend, configs, batches, Stepper(backend, batches, losses, pdl=config.pdl))
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,51 @@
+"""Programmatic dependent launch (Hopper and newer): the next kernel starts while this one ends.
+
+A training step at small widths is a chain of short kernels, each waiting for the last to finish
+before its blocks are even placed on the SMs: launch, set-up and the drain of the previous kernel
+add up to a few µs a link. With a programmatic dependent launch (PDL; sm_90+) a kernel may be
+launched as soon as every block of the kernel before it on the stream has signalled
+(`griddepcontrol.launch_dependents`), and it waits (`griddepcontrol.wait`) until that kernel has
+finished and its writes are visible. A CUDA graph captured from such launches keeps those edges.
+
+Within `dependent_launch()` each twin launches the kernels that take part this way: every one of
+them waits before its first access to global memory, then signals at once (its blocks are placed
+by then), so each kernel of the chain still sees every write of the one before, and so, by
+induction, of all before. A kernel that does not take part launches as usual, after the one
+before has finished; a kernel of the chain launched after it waits for it, as it would for any.
+Outside the block, and for kernels that do not take part, the launches and the compiled code are
+the same as without this module.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+MIN_CAPABILITY = (9, 0)
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def dependent_launch(on: bool = True):
+    """Within it (when `on`), the twins launch their chain kernels as programmatic dependent launches."""
+    before = active()
+    _state.on = on
+    try:
+        yield
+    finally:
+        _state.on = before
+
+
+def active() -> bool:
+    return getattr(_state, "on", False)
+
+
+def check(device: torch.device) -> None:
+    """Refuses, in one line, a device on which a dependent launch cannot run."""
+    if device.type != "cuda":
+        raise ValueError(f"programmatic dependent launch runs on a GPU (sm_90 or newer); the step runs on {device}")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < MIN_CAPABILITY:
+        raise ValueError(f"programmatic dependent launch needs sm_90 or newer; {torch.cuda.get_device_name(device)} "
+                         f"is sm_{cap[0]}{cap[1]}")
