@@ -18,8 +18,8 @@ graphs (reduce-overhead, max-autotune); and the cuda/triton backends on tuned
 configs (experiments/<target>/best.json) and on their defaults, running the
 fused step (trainer.model), and on tuned configs unfused (`--no-fuse`), so
 a table shows what fusion buys, and with the step's GEMMs as programmatic
-dependent launches (`--pdl`, sm_90+: each placed on the GPU while the one
-before it ends). `ops_per_step` counts a step's GPU operations (kernels,
+dependent launches (`--pdl early|exit`, sm_90+: each placed on the GPU
+while the one before it ends). `ops_per_step` counts a step's GPU operations (kernels,
 memsets, copies), batch draw and loss record included. The
 max-autotune variants run only at the `--max-autotune-hidden` widths: they
 spend ~35 s per GEMM shape. Warm-up, compilation and autotuning are
@@ -74,11 +74,13 @@ VARIANTS = {
     "torch-compile-graph-tf32": dict(backend="torch", compile="default", torch_graph=True, tf32=True),
     "cuda-tuned": dict(backend="cuda", tuned_configs="TUNED"),
     "cuda-tuned-unfused": dict(backend="cuda", tuned_configs="TUNED", fuse=False),
-    "cuda-tuned-pdl": dict(backend="cuda", tuned_configs="TUNED", pdl=True),
+    "cuda-tuned-pdl-early": dict(backend="cuda", tuned_configs="TUNED", pdl="early"),
+    "cuda-tuned-pdl-exit": dict(backend="cuda", tuned_configs="TUNED", pdl="exit"),
     "cuda-default": dict(backend="cuda", tuned_configs="none"),
     "triton-tuned": dict(backend="triton", tuned_configs="TUNED"),
     "triton-tuned-unfused": dict(backend="triton", tuned_configs="TUNED", fuse=False),
-    "triton-tuned-pdl": dict(backend="triton", tuned_configs="TUNED", pdl=True),
+    "triton-tuned-pdl-early": dict(backend="triton", tuned_configs="TUNED", pdl="early"),
+    "triton-tuned-pdl-exit": dict(backend="triton", tuned_configs="TUNED", pdl="exit"),
     "triton-default": dict(backend="triton", tuned_configs="none"),
 }
 # A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",

@@ -7,13 +7,20 @@ launched as soon as every block of the kernel before it on the stream has signal
 (`griddepcontrol.launch_dependents`), and it waits (`griddepcontrol.wait`) until that kernel has
 finished and its writes are visible. A CUDA graph captured from such launches keeps those edges.
 
-Within `dependent_launch()` each twin launches the kernels that take part this way: every one of
-them waits before its first access to global memory, then signals at once (its blocks are placed
-by then), so each kernel of the chain still sees every write of the one before, and so, by
-induction, of all before. A kernel that does not take part launches as usual, after the one
-before has finished; a kernel of the chain launched after it waits for it, as it would for any.
-Outside the block, and for kernels that do not take part, the launches and the compiled code are
-the same as without this module.
+Within `dependent_launch(mode)` each twin launches the kernels that take part this way: every one
+of them waits before its first access to global memory, so each kernel of the chain still sees
+every write of the one before, and so, by induction, of all before. When the next kernel may be
+placed is the mode:
+
+    early  each block signals right after its wait: the next kernel's blocks are placed once every
+           block of this one has started, and wait on the SMs beside this kernel's work
+    exit   no signal: the next kernel's blocks are placed as this kernel's blocks exit, which hides
+           the launch and the last writes' flush, and no more
+
+A kernel that does not take part launches as usual, after the one before has finished; a kernel
+of the chain launched after it waits for it, as it would for any. Outside the block, and for
+kernels that do not take part, the launches and the compiled code are the same as without this
+module.
 """
 from __future__ import annotations
 
@@ -23,22 +30,28 @@ import threading
 import torch
 
 MIN_CAPABILITY = (9, 0)
+# The kernels' code for each mode (Triton's PDL constexpr, the CUDA twin's DEPENDENT_LAUNCH): 0 is off.
+MODES = {"early": 1, "exit": 2}
 _state = threading.local()
 
 
 @contextlib.contextmanager
-def dependent_launch(on: bool = True):
-    """Within it (when `on`), the twins launch their chain kernels as programmatic dependent launches."""
-    before = active()
-    _state.on = on
+def dependent_launch(mode: str | None = "early"):
+    """Within it, the twins launch their chain kernels as programmatic dependent launches in `mode`
+    (None: as usual)."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"dependent launch mode {mode!r} is not one of {', '.join(MODES)}")
+    before = code()
+    _state.code = MODES[mode] if mode else 0
     try:
         yield
     finally:
-        _state.on = before
+        _state.code = before
 
 
-def active() -> bool:
-    return getattr(_state, "on", False)
+def code() -> int:
+    """The kernels' code of the mode in force: 0 outside `dependent_launch`."""
+    return getattr(_state, "code", 0)
 
 
 def check(device: torch.device) -> None:

@@ -63,14 +63,14 @@ def parameters(args) -> tuple[ctypes.Array, list]:
 
 
 def launch(fn, grid, block, args, smem: int, stream: int) -> None:
-    """`fn` (a CuPy Function) as a dependent launch on `stream` (a CUstream handle), on the
-    current device."""
+    """`fn` (a CuPy RawKernel: its `kernel.ptr` is the CUfunction) as a dependent launch on
+    `stream` (a CUstream handle), on the current device."""
     ex, error_name = _driver_fns()
     pointers, held = parameters(args)  # held to the end: the driver copies the values at the launch
     attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1
     config = LaunchConfig(*grid, *block, smem, stream, ctypes.pointer(attr), 1)
-    err = ex(ctypes.byref(config), fn.ptr, pointers, None)
+    err = ex(ctypes.byref(config), fn.kernel.ptr, pointers, None)
     if err:
         name = ctypes.c_char_p()
         error_name(err, ctypes.byref(name))

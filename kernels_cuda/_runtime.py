@@ -172,7 +172,9 @@ _streams: dict[tuple[int, int], object] = {}
 _launched: dict[tuple[str, str], tuple[int, object]] = {}
 
 
-def function(variant: Variant, device: int, smem: int, dependent: bool = False):
+def function(variant: Variant, device: int, smem: int, dependent: int = 0):
+    """The loaded kernel of `variant` on `device`, built for a dependent launch's mode `dependent`
+    (kernels_core.dependent_launch.MODES' codes; 0: an ordinary launch)."""
     key = (variant.source, variant.name_expr, device, dependent)
     fn = _functions.get(key)
     if fn is None:
@@ -181,7 +183,7 @@ def function(variant: Variant, device: int, smem: int, dependent: bool = False):
         if variant.sm_suffix:
             options += (f"-arch=sm_{device_props(device)[0]}{variant.sm_suffix}",)
         if dependent:
-            options += ("-DDEPENDENT_LAUNCH=1",)
+            options += (f"-DDEPENDENT_LAUNCH={dependent}",)
         with cp.cuda.Device(device):
             module = cp.RawModule(code=source(variant.source), options=options,
                                   name_expressions=[variant.name_expr])
@@ -221,7 +223,7 @@ def launch(variant: Variant, device: int, grid, block, args, smem: int = 0, *, f
     _, smem_limit = device_props(device)
     if smem > smem_limit:
         raise ValueError(f"config: needs {smem} bytes of shared memory per block, the GPU allows {smem_limit}")
-    dependent = dependent_launch.active() and variant.source in DEPENDENT_SOURCES
+    dependent = dependent_launch.code() if variant.source in DEPENDENT_SOURCES else 0
     fn = function(variant, device, smem, dependent)
     _variant_of[for_] = variant
     if compile_only.active():

@@ -34,12 +34,15 @@ __device__ __forceinline__ void cp_async_whole(u32 dst, const void* src) {
 }
 
 // A dependent launch's start (kernels_core/dependent_launch.py): wait until the kernel before on
-// the stream has finished and its writes are visible, then let the next kernel's blocks be placed.
-// Every kernel of the sources in _runtime.DEPENDENT_SOURCES calls it first, before any access to
-// global memory; built without DEPENDENT_LAUNCH (every launch but a dependent one) it is empty.
+// the stream has finished and its writes are visible, then (DEPENDENT_LAUNCH 1, early) let the
+// next kernel's blocks be placed; 2 (exit) leaves that to this kernel's end. Every kernel of the
+// sources in _runtime.DEPENDENT_SOURCES calls it first, before any access to global memory; built
+// without DEPENDENT_LAUNCH (every launch but a dependent one) it is empty.
 __device__ __forceinline__ void dependent_start() {
 #if DEPENDENT_LAUNCH
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#if DEPENDENT_LAUNCH == 1
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

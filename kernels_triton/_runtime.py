@@ -117,8 +117,9 @@ def launch(plan: Plan) -> None:
     if compile_only.active() and interpreting():
         return  # the interpreter compiles nothing
     args, options = plan.args, dict(num_warps=plan.num_warps, num_stages=plan.num_stages)
-    if dependent_launch.active() and "PDL" in args:  # a kernel that waits first (_dependent_start)
-        args, options = {**args, "PDL": True}, {**options, "launch_pdl": True}
+    pdl = dependent_launch.code()
+    if pdl and "PDL" in args:  # a kernel that waits first (matmul.py's _dependent_start)
+        args, options = {**args, "PDL": pdl}, {**options, "launch_pdl": True}
     # Triton launches on the current device; tensors on another GPU need it switched.
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if compile_only.active():  # the same specialization as a launch, so the launch finds it cached

@@ -172,10 +172,12 @@ def _three(a_big, a_small, b_big, b_small, acc, acc_dtype: tl.constexpr):
 @triton.jit
 def _dependent_start(PDL: tl.constexpr):
     """A dependent launch's start (kernels_core/dependent_launch.py): wait for the kernel before to
-    finish and its writes to land, then let the next kernel's blocks be placed. Before any access
-    to global memory; PDL = 0 compiles nothing."""
+    finish and its writes to land, then (PDL = 1, early) let the next kernel's blocks be placed; PDL
+    = 2 (exit) leaves that to this kernel's end. Before any access to global memory; PDL = 0
+    compiles nothing."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -543,7 +545,7 @@ def kernel_plan(op: str, dtype: str, cfg: dict, a, b, c, M: int, N: int, K: int,
         HAS_BIAS=bias is not None, RELU=activation == "relu", ACC_FP16=accumulate == "fp16",
         UPCAST=a.device.type == "cpu" and a.dtype == torch.bfloat16,  # CPU tensors: the interpreter
         GATHER_A=0, RELU_GRAD=False, EPILOGUE=epilogue, LABEL_ROWS=False, HAS_MOMENTUM=False,
-        HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False, PDL=False,
+        HAS_WEIGHT_DECAY=False, W_LOW=False, B_LOW=False, PDL=0,
         **{"TF32": 0, "SPLIT_AHEAD": 0, **constexprs},  # 16-bit spaces have neither tunable
     )
     unknown = set(extra) - set(args)
@@ -608,7 +610,7 @@ def split_ahead(x: torch.Tensor, rows: int, K: int, trans: bool, tf32: int, dtyp
     grid = (cdiv(rows, SPLIT_BLOCK) * cdiv(K, SPLIT_BLOCK),)
     return parts[0], rt.Plan("tf32_split", dtype, cfg, _split_kernel, grid,
                              dict(x_ptr=x, big_ptr=parts, R=rows, K=K, stride_r=stride_r, stride_k=stride_k, ld=ld,
-                                  part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK, PDL=False),
+                                  part=part, TF32=tf32, BLOCK_R=SPLIT_BLOCK, BLOCK_K=SPLIT_BLOCK, PDL=0),
                              num_warps=4)
 
 

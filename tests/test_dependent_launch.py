@@ -2,12 +2,13 @@
 
 A dependent launch lets a kernel start before the one ahead of it on the stream has finished, so
 its correctness rests on one rule: each kernel that takes part waits (griddepcontrol.wait) before
-its first access to global memory. On the CPU: the rule in the compiled code of each twin (PTX for
-sm_90: the wait in the entry block, ahead of any global load, store, atomic or TMA copy, and no
-such instruction at all in a build that does not take part), in the CUDA sources (every kernel of
-a taking-part source starts with the wait), the launch paths (only kernels that wait are launched
-dependent), the driver structs against cuda.h, and the trainer's refusals. On a GPU: a training
-run with dependent launches gives the same bits as one without.
+its first access to global memory. On the CPU: the rule in the compiled code of each twin and each
+mode (PTX for sm_90: the wait in the entry block, ahead of any global load, store, atomic or TMA
+copy; the early mode's signal right after it, the exit mode's nowhere; no such instruction at all
+in a build that does not take part), in the CUDA sources (every kernel of a taking-part source
+starts with the wait), the launch paths (only kernels that wait are launched dependent, with their
+mode; the driver call's arguments), the driver structs against cuda.h, and the trainer's refusals.
+On a GPU: training runs in either mode give the same bits as one without.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import pytest
 import torch
 
 import kernels_cuda as kc
-from kernels_core.dependent_launch import dependent_launch
+from kernels_core.dependent_launch import MODES, dependent_launch
 from kernels_cuda import _dependent
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
@@ -47,16 +48,18 @@ def _entries(ptx: str) -> dict[str, str]:
     return {body.split("(")[0]: body for body in re.split(r"\.entry ", ptx)[1:]}
 
 
-def _waits_first(body: str) -> str | None:
-    """Why an entry's body breaks the rule, or None: the wait, then the signal, in the entry
-    block (before any branch) and before any global access."""
+def _waits_first(body: str, mode: int) -> str | None:
+    """Why an entry's body breaks the rule of `mode` (MODES' code), or None: the wait in the entry
+    block (before any branch) and before any global access; in the early mode the signal right
+    after it (still in the entry block), in the exit mode no signal."""
     wait, signal = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
-    if wait < 0 or signal < wait:
+    if wait < 0 or (mode == 1 and signal < wait) or (mode == 2 and signal >= 0):
         return f"wait at {wait}, signal at {signal}"
+    last = max(wait, signal)
     for what, pattern in (("access", _ACCESS), ("branch", _BRANCH)):
         m = pattern.search(body)
-        if m is not None and m.start() < signal:
-            return f"a global {what} before the wait: {m.group(0).strip()}"
+        if m is not None and m.start() < last:
+            return f"a global {what} before the wait or the signal: {m.group(0).strip()}"
     return None
 
 
@@ -78,16 +81,16 @@ def _cuda_variants() -> list[rt.Variant]:
     return variants + [rt.Variant("matmul_wgmma_tf32x3.cu", "tf32_split_kernel", (2, 1), sm_suffix="a")]
 
 
-def _cuda_ptx(variants: list[rt.Variant], dependent: bool) -> dict[str, str]:
+def _cuda_ptx(variants: list[rt.Variant], dependent: int) -> dict[str, str]:
     """Every entry's PTX body, built for sm_90 (sm_90a where the variant asks) as NVRTC builds a
-    launch's module: DEPENDENT_LAUNCH defined for a dependent one."""
+    launch's module: DEPENDENT_LAUNCH defined as the mode's code for a dependent one."""
     by_source: dict[str, list[rt.Variant]] = {}
     for v in variants:
         by_source.setdefault(v.source, []).append(v)
     bodies = {}
     for source, vs in by_source.items():
         refs = ", ".join(f"(void*)&{v.name_expr}" for v in vs)
-        unit = ("#define DEPENDENT_LAUNCH 1\n" if dependent else "") + \
+        unit = (f"#define DEPENDENT_LAUNCH {dependent}\n" if dependent else "") + \
             f'#include "{source}"\nvoid* const kernel_refs[] = {{{refs}}};\n'
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "unit.cu").write_text(unit)
@@ -103,11 +106,12 @@ def _cuda_ptx(variants: list[rt.Variant], dependent: bool) -> dict[str, str]:
 def test_cuda_kernels_wait_before_any_global_access():
     variants = _cuda_variants()
     assert {v.source for v in variants} == rt.DEPENDENT_SOURCES
-    dependent = _cuda_ptx(variants, dependent=True)
-    assert len(dependent) == len({(v.source, v.name_expr) for v in variants})
-    broken = {name: why for name, body in dependent.items() if (why := _waits_first(body))}
-    assert not broken, broken
-    plain = _cuda_ptx(variants, dependent=False)
+    for mode in MODES.values():
+        dependent = _cuda_ptx(variants, dependent=mode)
+        assert len(dependent) == len({(v.source, v.name_expr) for v in variants})
+        broken = {name: why for name, body in dependent.items() if (why := _waits_first(body, mode))}
+        assert not broken, (mode, broken)
+    plain = _cuda_ptx(variants, dependent=0)
     assert not [name for name, body in plain.items() if "griddepcontrol" in body], \
         "a launch that does not take part runs the kernel as it was"
 
@@ -162,10 +166,10 @@ def test_parameters_point_at_each_value():
 
 @pytest.fixture
 def launch_log(monkeypatch):
-    """The CUDA twin's launches on a faked GPU: (kernel source, built dependent, launched dependent)."""
+    """The CUDA twin's launches on a faked GPU: (kernel source, the mode built for, launched dependent)."""
     log = []
 
-    def function(variant, device, smem, dependent=False):
+    def function(variant, device, smem, dependent=0):
         def fn(*args, **kwargs):
             log.append((variant.source, dependent, False))
         fn.built_dependent, fn.source = dependent, variant.source
@@ -188,12 +192,39 @@ def launch_log(monkeypatch):
 
 def test_cuda_launches_only_its_gemms_dependent(launch_log, rng):
     a, b = torch.randn(37, 50, generator=rng), torch.randn(50, 21, generator=rng)
-    with dependent_launch():
+    with dependent_launch("early"):
         kc.matmul(a, b)
         kc.relu(a)
+        with dependent_launch("exit"):
+            kc.matmul(a, b)
+        kc.matmul(a, b)
     kc.matmul(a, b)
-    assert launch_log == [("matmul_simt.cu", True, True), ("elementwise.cu", False, False),
-                          ("matmul_simt.cu", False, False)]
+    assert launch_log == [("matmul_simt.cu", 1, True), ("elementwise.cu", 0, False), ("matmul_simt.cu", 2, True),
+                          ("matmul_simt.cu", 1, True), ("matmul_simt.cu", 0, False)]
+    with pytest.raises(ValueError, match="'late' is not one of early, exit"):
+        with dependent_launch("late"):
+            pass
+
+
+def test_cuda_dependent_launch_calls_the_driver_with_the_attribute(monkeypatch):
+    """What cuLaunchKernelEx is handed: the RawKernel's function handle, the grid, block, shared
+    memory and stream, one attribute (programmatic stream serialization, on), the parameters."""
+    seen = {}
+
+    def launch_ex(config_ptr, function, pointers, extra):
+        config = config_ptr._obj
+        attr = config.attrs[0]
+        seen.update(function=function, extra=extra, numAttrs=config.numAttrs, attr=(attr.id, attr.value[0] & 0xFFFFFFFF),
+                    dims=(config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
+                          config.blockDimZ, config.sharedMemBytes, config.hStream),
+                    first=ctypes.c_int32.from_address(pointers[0]).value)
+        return 0
+
+    monkeypatch.setattr(_dependent, "_driver", (launch_ex, None))
+    fn = SimpleNamespace(kernel=SimpleNamespace(ptr=0xF00D))  # a RawKernel has no `ptr` of its own
+    _dependent.launch(fn, (3, 2, 1), (128, 1, 1), (np.int32(-5), np.uint64(7)), 4096, 0xABC)
+    assert seen == dict(function=0xF00D, extra=None, numAttrs=1, attr=(_dependent.PROGRAMMATIC_STREAM_SERIALIZATION, 1),
+                        dims=(3, 2, 1, 128, 1, 1, 4096, 0xABC), first=-5)
 
 
 # ----------------------------------------------------------------------------- Triton twin
@@ -213,10 +244,10 @@ for op, dtype, cfg in json.load(sys.stdin):
     if cfg and cfg.get("SPLIT_AHEAD"):
         plans.append(split_ahead(torch.empty(4096, 4096, device="meta"), 4096, 4096, False, 3, dtype, plans[0].config)[1])
     for plan in plans:
-        for pdl in (False, True):
+        for pdl in (0, 1, 2):
             p = dataclasses.replace(plan, args={**plan.args, "PDL": pdl})
             compiled = triton.compile(reports._ast_source(p), target=GPUTarget("cuda", 90, 32),
-                                      options=dict(num_warps=p.num_warps, num_stages=p.num_stages, launch_pdl=pdl))
+                                      options=dict(num_warps=p.num_warps, num_stages=p.num_stages, launch_pdl=pdl > 0))
             bodies[f"{len(bodies)}-{op}-{dtype}-{plan.op}-{pdl}"] = compiled.asm["ptx"]
 print(json.dumps(bodies))
 """
@@ -230,11 +261,11 @@ def test_triton_kernels_wait_before_any_global_access():
                           text=True, env=env, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     ptx = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(ptx) == 2 * (len(cases) + 1)
-    broken = {name: why for name, text in ptx.items() if name.endswith("True")
-              for entry, body in _entries(text).items() if (why := _waits_first(body))}
+    assert len(ptx) == 3 * (len(cases) + 1)
+    broken = {name: why for name, text in ptx.items() if int(name[-1])
+              for entry, body in _entries(text).items() if (why := _waits_first(body, int(name[-1])))}
     assert not broken, broken
-    assert not [name for name, text in ptx.items() if name.endswith("False") and "griddepcontrol" in text]
+    assert not [name for name, text in ptx.items() if name.endswith("0") and "griddepcontrol" in text]
 
 
 def test_triton_launches_only_kernels_that_wait(monkeypatch, rng):
@@ -253,13 +284,15 @@ def test_triton_launches_only_kernels_that_wait(monkeypatch, rng):
             return run
 
     x = torch.zeros(4)
-    waits = trt.Plan("matmul", "fp32", {}, Kernel("waits"), (1,), dict(x=x, PDL=False), num_warps=4)
+    waits = trt.Plan("matmul", "fp32", {}, Kernel("waits"), (1,), dict(x=x, PDL=0), num_warps=4)
     plain = trt.Plan("relu", "fp32", {}, Kernel("plain"), (1,), dict(x=x), num_warps=4)
-    with dependent_launch():
+    with dependent_launch("early"):
         trt.launch(waits)
         trt.launch(plain)
+        with dependent_launch("exit"):
+            trt.launch(waits)
     trt.launch(waits)
-    assert launched == [("waits", True, True), ("plain", None, False), ("waits", False, False)]
+    assert launched == [("waits", 1, True), ("plain", None, False), ("waits", 2, True), ("waits", 0, False)]
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -270,15 +303,17 @@ def test_trainer_refuses_pdl_where_it_cannot_run(tmp_path, monkeypatch):
     from trainer.config import Config
 
     with pytest.raises(ValueError, match="--pdl applies to the cuda and triton backends only"):
-        Config(backend="torch", pdl=True)
+        Config(backend="torch", pdl="early")
+    with pytest.raises(ValueError, match="--pdl 'late' is not one of early, exit"):
+        Config(backend="cuda", pdl="late")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(NeedsGpu, match=r"--pdl: .*runs on a GPU \(sm_90 or newer\); the step runs on cpu"):
-        pick_device(Config(backend="triton", pdl=True, out=str(tmp_path)))
+        pick_device(Config(backend="triton", pdl="exit", out=str(tmp_path)))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100")
     with pytest.raises(NeedsGpu, match="needs sm_90 or newer; NVIDIA A100 is sm_80"):
-        pick_device(Config(backend="cuda", pdl=True, out=str(tmp_path)))
+        pick_device(Config(backend="cuda", pdl="early", out=str(tmp_path)))
 
 
 @pytest.mark.gpu
@@ -292,7 +327,7 @@ def test_dependent_launches_train_the_same_bits(tmp_path, backend, protocol, gra
         pytest.skip("programmatic dependent launch needs sm_90")
     settings = {} if protocol == "default" else {k: v for k, v in PRESETS[protocol].items() if k != "steps"}
     runs = []
-    for pdl in (False, True):
+    for pdl in (None, *MODES):
         config = Config(backend=backend, tuned_configs="none", steps=25, graph=graph, pdl=pdl, progress=False,
                         out=str(tmp_path), **settings)
         built = build(config)
@@ -302,7 +337,8 @@ def test_dependent_launches_train_the_same_bits(tmp_path, backend, protocol, gra
         torch.cuda.synchronize()
         runs.append((built.stepper.losses[:config.steps].clone(), [w.clone() for pair in built.backend.weights()
                                                                     for w in pair]))
-    (losses, weights), (losses_pdl, weights_pdl) = runs
+    (losses, weights), *dependent = runs
     assert torch.isfinite(losses).all() and losses.abs().sum() > 0
-    assert torch.equal(losses, losses_pdl)
-    assert all(torch.equal(w, v) for w, v in zip(weights, weights_pdl))
+    for losses_pdl, weights_pdl in dependent:
+        assert torch.equal(losses, losses_pdl)
+        assert all(torch.equal(w, v) for w, v in zip(weights, weights_pdl))

@@ -20,6 +20,7 @@ import torch
 from kernels_core.backends import BUILTIN
 from kernels_core.cli import OneLineParser, whole_number
 from kernels_core.contract import MAX_DIM
+from kernels_core.dependent_launch import MODES as DEPENDENT_MODES
 from kernels_core.mlp import DEFAULT, PROTOCOLS
 from kernels_core.targets import TARGETS
 from trainer.data import DEFAULT_DIR, SPECS
@@ -53,7 +54,7 @@ class Config:
     out: str = "experiments"
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
     fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
-    pdl: bool = False  # cuda/triton, sm_90+: the step's GEMMs as programmatic dependent launches
+    pdl: str | None = None  # cuda/triton, sm_90+: the step's GEMMs as programmatic dependent launches, early or exit
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
     tf32: bool = False  # torch backend, fp32: matmuls on TF32 tensor cores (allow_tf32), a lower precision
@@ -76,6 +77,8 @@ class Config:
                              "TF32 from their configs' TF32 tunable)")
         if not self.fuse and self.backend == "torch":
             raise ValueError("--no-fuse applies to the cuda and triton backends only")
+        if self.pdl is not None and self.pdl not in DEPENDENT_MODES:
+            raise ValueError(f"--pdl {self.pdl!r} is not one of {', '.join(DEPENDENT_MODES)}")
         if self.pdl and self.backend == "torch":
             raise ValueError("--pdl applies to the cuda and triton backends only")
         if not self.graph and self.backend == "torch":
@@ -175,9 +178,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", dest="fuse", action="store_const", const=False,
                    help="cuda/triton: one kernel per op (matmul, loss, relu_backward, bias_grad, sgd_update) "
                         "instead of the fused step, to see what fusion buys")
-    p.add_argument("--pdl", action="store_const", const=True,
+    p.add_argument("--pdl", choices=tuple(DEPENDENT_MODES),
                    help="cuda/triton, sm_90 or newer: launch the step's GEMMs as programmatic dependent launches, "
-                        "each placed on the GPU while the one before it finishes")
+                        "each placed on the GPU once every block of the one before has started (early) or as "
+                        "they exit (exit)")
     p.add_argument("--compile", choices=COMPILE_MODES,
                    help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,

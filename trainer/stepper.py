@@ -20,7 +20,7 @@ GRAPH_WARMUP = 3
 
 
 class Stepper:
-    def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor, pdl: bool = False):
+    def __init__(self, backend, batches: DeviceBatches, losses: torch.Tensor, pdl: str | None = None):
         self.backend, self.batches, self.losses, self.pdl = backend, batches, losses, pdl
         self.graph: torch.cuda.CUDAGraph | None = None
         self.ops_per_step: int | None = None  # counted by prepare() on a GPU
