@@ -17,6 +17,10 @@ placed is the mode:
     exit   no signal: the next kernel's blocks are placed as this kernel's blocks exit, which hides
            the launch and the last writes' flush, and no more
 
+Which pays depends on the width: on an H100 early took 11-12% off the seed step at H = 128 and
+made the default step at H = 1024 14-29% slower; exit was never slower (experiments/FINDINGS.md,
+"Dependent launches between the step's kernels").
+
 A kernel that does not take part launches as usual, after the one before has finished; a kernel
 of the chain launched after it waits for it, as it would for any. Outside the block, and for
 kernels that do not take part, the launches and the compiled code are the same as without this
