@@ -19,8 +19,8 @@ configs (experiments/<target>/best.json) and on their defaults, running the
 fused step (trainer.model), and on tuned configs unfused (`--no-fuse`), so
 a table shows what fusion buys, and with the step's GEMMs as programmatic
 dependent launches (`--pdl early|exit`, sm_90+: each placed on the GPU
-while the one before it ends). `ops_per_step` counts a step's GPU operations (kernels,
-memsets, copies), batch draw and loss record included. The
+while the one before it ends). `ops_per_step` counts a step's GPU
+operations (kernels, memsets, copies), batch draw and loss record included. The
 max-autotune variants run only at the `--max-autotune-hidden` widths: they
 spend ~35 s per GEMM shape. Warm-up, compilation and autotuning are
 `setup_seconds`, kept out of the step times.

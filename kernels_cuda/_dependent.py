@@ -4,7 +4,7 @@ CuPy launches through cuLaunchKernel, which takes no launch attributes. A depend
 cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION set, called here
 through ctypes on the CuPy function's handle, the kernel's parameters given as CuPy gives them:
 an array of pointers, each to one parameter's bytes. The structs mirror cuda.h's
-(tests/test_cuda_host_side.py holds their sizes and offsets to the header's).
+(tests/test_dependent_launch.py holds their sizes and offsets to the header's).
 """
 from __future__ import annotations
 

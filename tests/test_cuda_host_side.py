@@ -8,9 +8,7 @@ config must launch the grid, template and workspace it asks for; and the fused p
 kernels the arguments, flags and scratch memory their kernels read. The `gpu` tests at
 the end check on a real GPU what only this twin has.
 """
-import contextlib
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from kernels_core.contract import DTYPES, cdiv, label_flag
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
 from kernels_cuda.matmul import KERNEL_PARAMS, on_simt
+from tests.fake_cuda import fake_runtime
 
 # Where the matmul kernels' template arguments sit (kernels_cuda/matmul.py: simt_variant, tc_variant).
 A_KC_AT = {"fp32": 10, "fp16": 11, "bf16": 11}
@@ -43,7 +42,7 @@ def fused_flags(variant) -> tuple[int, str]:
 def fake_gpu(monkeypatch):
     loaded = {}
 
-    def function(variant, device, smem, dependent=False):
+    def function(variant, device, smem, dependent=0):
         def fn(*args, **kwargs):
             fn.runs += 1
         fn.num_regs, fn.shared_size_bytes, fn.local_size_bytes = len(loaded) + 40, 128, 0
@@ -52,13 +51,7 @@ def fake_gpu(monkeypatch):
         rt._launched[(variant.source, variant.name_expr)] = (smem, fn)
         return fn
 
-    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: contextlib.nullcontext()))
-    monkeypatch.setattr(rt, "function", function)
-    monkeypatch.setattr(rt, "cupy", lambda: fake_cupy)
-    monkeypatch.setattr(rt, "_stream", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(rt, "check_cuda", lambda name, t: None)
-    monkeypatch.setattr(rt, "device_props", lambda i: (90, 232448))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fake_runtime(monkeypatch, function)
     monkeypatch.setattr(rt, "_variant_of", {})
     monkeypatch.setattr(rt, "_launched", {})
     return loaded

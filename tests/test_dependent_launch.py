@@ -12,7 +12,6 @@ On a GPU: training runs in either mode give the same bits as one without.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
@@ -33,6 +32,7 @@ from kernels_core.dependent_launch import MODES, dependent_launch
 from kernels_cuda import _dependent
 from kernels_cuda import _runtime as rt
 from kernels_cuda import reports
+from tests.fake_cuda import fake_runtime
 
 ROOT = str(Path(__file__).resolve().parents[1])
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -178,14 +178,8 @@ def launch_log(monkeypatch):
     def dependent_launch_(fn, grid, block, args, smem, stream):
         log.append((fn.source, fn.built_dependent, True))
 
-    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: contextlib.nullcontext()))
-    monkeypatch.setattr(rt, "function", function)
-    monkeypatch.setattr(rt, "cupy", lambda: fake_cupy)
-    monkeypatch.setattr(rt, "_stream", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(rt, "check_cuda", lambda name, t: None)
-    monkeypatch.setattr(rt, "device_props", lambda i: (90, 232448))
+    fake_runtime(monkeypatch, function)
     monkeypatch.setattr(rt._dependent, "launch", dependent_launch_)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=0))
     return log
 
