@@ -19,7 +19,9 @@ configs (experiments/<target>/best.json) and on their defaults, running the
 fused step (trainer.model), and on tuned configs unfused (`--no-fuse`), so
 a table shows what fusion buys, and with the step's GEMMs as programmatic
 dependent launches (`--pdl early|exit`, sm_90+: each placed on the GPU
-while the one before it ends). `ops_per_step` counts a step's GPU
+while the one before it ends), and the persistent training kernel
+(`--persistent`: a segment of steps in one launch; its default config, no
+store). `ops_per_step` counts a step's GPU
 operations (kernels, memsets, copies), batch draw and loss record included. The
 max-autotune variants run only at the `--max-autotune-hidden` widths: they
 spend ~35 s per GEMM shape. Warm-up, compilation and autotuning are
@@ -82,6 +84,7 @@ VARIANTS = {
     "triton-tuned-pdl-early": dict(backend="triton", tuned_configs="TUNED", pdl="early"),
     "triton-tuned-pdl-exit": dict(backend="triton", tuned_configs="TUNED", pdl="exit"),
     "triton-default": dict(backend="triton", tuned_configs="none"),
+    "triton-persistent": dict(backend="triton", persistent=True),
 }
 # A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",
 # "10 epochs"), `tuned_configs_sha` the tuned store the row ran on (the store is data, not code).

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from experiments.paths import write_results
 from kernels_core.provenance import provenance
+from kernels_triton.persistent import grid_barrier
 
 WARPS = 4
 PROGRAMS_PER_SM = (1, 2, 4)
@@ -56,17 +57,11 @@ extern "C" __global__ void barrier_rounds(unsigned* counter, int rounds) {
 
 @triton.jit
 def barrier_rounds(counter_ptr, rounds):
-    """`rounds` barriers across the grid, on a counter zeroed before the launch. A scalar atomic
-    runs once per program, so the counter counts programs."""
+    """`rounds` of the persistent training kernel's barrier across the grid, on a counter zeroed
+    before the launch."""
     programs = tl.num_programs(0)
     for i in range(rounds):
-        tl.debug_barrier()
-        tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-        target = (i + 1) * programs
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+        grid_barrier(counter_ptr, (i + 1) * programs)
 
 
 @functools.cache  # one NVRTC compile for every grid measured

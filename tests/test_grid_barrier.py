@@ -1,7 +1,8 @@
-"""The grid barrier of experiments/grid_barrier.py, both twins': under Triton's interpreter (one
-program: the interpreter runs a grid's programs one after another, so more would wait for ever),
-in the Triton twin's PTX and the CUDA twin's SASS (compiled offline for sm_90), and on a GPU at 2
-programs an SM, where every program must arrive at every barrier exactly once."""
+"""The grid barrier of experiments/grid_barrier.py, both twins' (the Triton one is the persistent
+training kernel's): under Triton's interpreter (one program: the interpreter runs a grid's
+programs one after another, so more would wait for ever), in the Triton twin's PTX and the CUDA
+twin's SASS (compiled offline for sm_90), and on a GPU at 2 programs an SM, where every program
+must arrive at every barrier exactly once."""
 import os
 import shutil
 import subprocess
@@ -39,7 +40,7 @@ print(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
 def test_the_triton_barrier_arrives_with_release_and_waits_with_acquire_at_gpu_scope():
     """Compiled for sm_90 in a process of its own (the interpreter and the compiler cannot share
     one): the arrival a GPU-scope release atomic, the poll a GPU-scope acquire after it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
     ptx = subprocess.run([sys.executable, "-c", _TRITON_PTX], check=True, capture_output=True, text=True,
                          env=env, cwd=ROOT).stdout
     ops = [line.split()[1] if line.strip().startswith("@") else line.split()[0]

@@ -55,6 +55,7 @@ class Config:
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
     fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
     pdl: str | None = None  # cuda/triton, sm_90+: the step's GEMMs as programmatic dependent launches, early or exit
+    persistent: bool = False  # triton: each segment of steps in one launch of the persistent training kernel
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
     tf32: bool = False  # torch backend, fp32: matmuls on TF32 tensor cores (allow_tf32), a lower precision
@@ -81,6 +82,12 @@ class Config:
             raise ValueError(f"--pdl {self.pdl!r} is not one of {', '.join(DEPENDENT_MODES)}")
         if self.pdl and self.backend == "torch":
             raise ValueError("--pdl applies to the cuda and triton backends only")
+        if self.persistent and self.backend != "triton":
+            raise ValueError("--persistent: the persistent training kernel is in the triton backend only "
+                             "(the CUDA twin has none yet)")
+        if self.persistent and (self.pdl or not self.fuse):
+            raise ValueError("--persistent runs whole steps in one kernel; --pdl and --no-fuse choose among the "
+                             "step's kernels, which it does not launch")
         if not self.graph and self.backend == "torch":
             raise ValueError("--no-graph applies to the cuda and triton backends only (the torch backend's "
                              "step is graphed by --torch-graph)")
@@ -182,6 +189,9 @@ def parser() -> argparse.ArgumentParser:
                    help="cuda/triton, sm_90 or newer: launch the step's GEMMs as programmatic dependent launches, "
                         "each placed on the GPU once every block of the one before has started (early) or as "
                         "they exit (exit)")
+    p.add_argument("--persistent", action="store_const", const=True,
+                   help="triton: train each segment of steps (to the next evaluation) in one launch of the "
+                        "persistent training kernel, its phases separated by grid barriers")
     p.add_argument("--compile", choices=COMPILE_MODES,
                    help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,

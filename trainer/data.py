@@ -162,6 +162,12 @@ class DeviceBatches:
         self.pos = torch.zeros((), dtype=torch.int64, device=device)
         self._batches = self.perm[:self.steps_per_epoch * batch].view(self.steps_per_epoch, batch)
 
+    @property
+    def epoch_batches(self) -> torch.Tensor:
+        """(steps_per_epoch, batch) int64: the epoch's batches as rows of the permutation (a view, so
+        it follows each new epoch's draw)."""
+        return self._batches
+
     def new_epoch(self) -> None:
         self.perm.copy_(torch.randperm(len(self.x), generator=self._gen, device=self.x.device))
         self.pos.zero_()

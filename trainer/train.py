@@ -96,7 +96,8 @@ def accuracy(weights: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, 
 def _uses_graph(config: Config, device: torch.device) -> bool:
     if device.type != "cuda":
         return False
-    return config.torch_graph if config.backend == "torch" else config.graph
+    # The persistent kernel runs a segment in one launch: nothing for a graph to save.
+    return config.torch_graph if config.backend == "torch" else config.graph and not config.persistent
 
 
 def _eval_every(config: Config, steps_per_epoch: int) -> int:
@@ -153,9 +154,16 @@ def build(config: Config) -> Built:
     device = pick_device(config)
     check_fits(config, device)
     data = load_mnist(config.data_dir, device, DTYPES[config.dtype], config.train_subset)
-    backend, configs = make_backend(config, device)
     batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
     losses = torch.zeros(batches.steps_per_epoch, dtype=torch.float32, device=device)
+    if config.persistent:
+        from trainer.persistent import PersistentMLP  # imports Triton, which no other run of a torch backend needs
+        from trainer.torch_backend import initial_mlp
+
+        backend, configs = PersistentMLP(initial_mlp(config.hidden, config.layers, config.seed), config, batches,
+                                         losses), None
+    else:
+        backend, configs = make_backend(config, device)
     return Built(device, data, backend, configs, batches, Stepper(backend, batches, losses, pdl=config.pdl))
 
 
@@ -218,6 +226,8 @@ def _train(config: Config) -> Summary:
     setup_seconds = time.perf_counter() - t0
     if configs is not None:
         print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
+    elif config.persistent:
+        print(backend.describe(), file=sys.stderr)
 
     csv_path = _run_path(runs, config)
     timer = StepTimer(device)
@@ -262,7 +272,13 @@ def _train(config: Config) -> Summary:
                         done = begin  # slots whose step has been issued completely
                         first = begin  # the first slot of the timed group in flight
                         try:
-                            for slot in range(begin, end):
+                            if config.persistent:  # the whole segment in one launch, timed as one group
+                                timer.start(begin)
+                                backend.run(end - begin)
+                                timer.stop(begin, end - begin)
+                                done = first = end
+                                bar.update(end - begin)
+                            for slot in range(done, end):
                                 if slot == first:
                                     timer.start(first)
                                 stepper()

@@ -1,0 +1,95 @@
+"""What both twins' persistent training kernel shares: the MLP's parameters as one flat buffer,
+the kernel's scratch, and the rule that refuses a grid whose programs cannot all be resident.
+
+The persistent kernel runs many training steps of 784 -> hidden x layers -> 10 in one launch, its
+phases (each layer's forward, the loss, each layer's backward with its SGD update) separated by
+barriers across the grid. A grid barrier waits for every program of the grid, so every program
+must be running at once: a program that waits for a slot on a multiprocessor held by a program
+spinning at the barrier never starts, and the launch never ends. `check_coresident` is the rule;
+each twin asks the driver how many of its compiled kernel's blocks fit a multiprocessor.
+
+The parameters, in the order the trainer keeps them (trainer/model.py: W0, b0, W1, b1, ...; each
+W stored (in, out) row-major), lie end to end in one fp32 buffer, and the momentum buffers in a
+second of the same layout, so the kernel reaches layer l's weights at a fixed offset.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
+
+
+@dataclass(frozen=True)
+class Layout:
+    """784 -> hidden x layers -> 10 as the kernel sees it; `inputs` and `classes` vary only in tests."""
+
+    hidden: int
+    layers: int
+    batch: int
+    inputs: int = MNIST_IN
+    classes: int = MNIST_CLASSES
+
+    @property
+    def dims(self) -> list[int]:
+        return [self.inputs] + [self.hidden] * self.layers + [self.classes]
+
+    def offsets(self) -> list[tuple[int, int]]:
+        """(offset of W_l, offset of b_l) in the flat buffer, for each layer l."""
+        out, at = [], 0
+        for fan_in, fan_out in zip(self.dims[:-1], self.dims[1:]):
+            out.append((at, at + fan_in * fan_out))
+            at += fan_in * fan_out + fan_out
+        return out
+
+    @property
+    def numel(self) -> int:
+        return sum(a * b + b for a, b in zip(self.dims[:-1], self.dims[1:]))
+
+    def views(self, flat):
+        """[W0, b0, W1, b1, ...] as views of `flat`, each W (in, out)."""
+        out = []
+        for (w, b), fan_in, fan_out in zip(self.offsets(), self.dims[:-1], self.dims[1:]):
+            out += [flat[w:w + fan_in * fan_out].view(fan_in, fan_out), flat[b:b + fan_out]]
+        return out
+
+    @property
+    def activation_elems(self) -> int:
+        """The hidden layers' outputs of one step: layers x batch x hidden."""
+        return self.layers * self.batch * self.hidden
+
+    @property
+    def gradient_elems(self) -> int:
+        """Each layer's output gradient of one step: the hidden layers' and the logits'."""
+        return self.layers * self.batch * self.hidden + self.batch * self.classes
+
+
+def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
+    """Refuses, in one line, a grid that a grid barrier would deadlock: more programs than the
+    GPU's `sms` multiprocessors hold at once, `per_sm` each (the compiled kernel's occupancy)."""
+    if programs < 1:
+        raise ValueError(f"{what}: a grid of {programs} programs")
+    if programs > per_sm * sms:
+        raise ValueError(f"{what}: {programs} programs cannot all be resident at once (this kernel fits {per_sm} "
+                         f"a multiprocessor, {per_sm * sms} on this GPU), and its grid barriers would wait forever; "
+                         "ask for fewer programs")
+
+
+@functools.cache
+def _occupancy_fn():
+    fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def blocks_per_sm(function: int, threads: int, smem: int) -> int:
+    """How many blocks of a loaded kernel (its CUfunction handle) one multiprocessor holds at once,
+    `threads` threads and `smem` bytes of dynamic shared memory each: the driver's answer, from the
+    kernel's registers and shared memory."""
+    n = ctypes.c_int()
+    rc = _occupancy_fn()(ctypes.byref(n), ctypes.c_void_p(function), threads, smem)
+    if rc:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed with CUresult {rc}")
+    return n.value

@@ -1,0 +1,265 @@
+"""The persistent training kernel (kernels_triton/persistent.py): steps against float64 training
+under Triton's interpreter (one program: the interpreter runs programs one after another),
+offline compiles for sm_80 and sm_90, the refusals, and on a GPU the full grid at the default
+protocol's H = 128 against float64 and against itself (bitwise).
+
+The float64 reference is the same training written in torch: nn.Linear's arithmetic, cross
+entropy, torch.optim.SGD (momentum, weight decay), on the same initial weights and batches.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels_core.persistent import Layout, check_coresident
+from kernels_triton import persistent
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def reference(x, y, batches, params, layout, steps, lr, momentum, weight_decay):
+    """(losses, params) of `steps` steps of float64 training from `params`, written out (forward,
+    cross entropy, backward, SGD with torch.optim.SGD's momentum and weight decay). With 16-bit x
+    it rounds where the kernel stores 16-bit values: the weights a GEMM reads, each activation, the
+    logits, each output gradient; so only the kernel's fp32 accumulation stays between the two."""
+    low = x.dtype if x.dtype != torch.float32 else None
+    r = (lambda t: t.to(low).double()) if low else (lambda t: t)
+    ps = [t.double().clone() for t in layout.views(params.cpu())]
+    bufs = [torch.zeros_like(p) for p in ps]
+    x, y, batches, losses = x.cpu().double(), y.cpu(), batches.cpu(), []
+    for s in range(steps):
+        acts = [x[batches[s]]]
+        for i in range(0, len(ps) - 2, 2):
+            acts.append(r(torch.relu(acts[-1] @ r(ps[i]) + ps[i + 1])))
+        logits = r(acts[-1] @ r(ps[-2]) + ps[-1])
+        labels = y[batches[s]]
+        losses.append(F.cross_entropy(logits, labels).item())
+        d = r((logits.softmax(1) - F.one_hot(labels, layout.classes)) / len(labels))
+        for i in reversed(range(0, len(ps), 2)):
+            a = acts[i // 2]
+            grads = (a.T @ d, d.sum(0))
+            if i:
+                d = r((d @ r(ps[i]).T) * (a > 0))
+            for p, buf, g in zip(ps[i:i + 2], bufs[i:i + 2], grads):
+                g = g + weight_decay * p
+                if momentum:
+                    buf.mul_(momentum).add_(g)
+                    g = buf
+                p.sub_(lr * g)
+    return torch.tensor(losses, dtype=torch.float64), torch.cat([p.flatten() for p in ps])
+
+
+def tolerance(dtype, layout):
+    """How far a tensor's update (its change over the steps) may sit from the reference's, relative
+    to the update's size. Between the two only the kernel's fp32 accumulation differs: each sum of
+    at most max(inputs, hidden, batch) terms off by a few u of fp32 with random signs, passed on
+    through 2 GEMMs a layer each step (measured: under 15 u at 2 hidden layers; 16 u a layer
+    leaves 3x). In fp16 a sum that lands the other side of a rounding boundary from float64's
+    stores a value one fp16 ulp away (u16 relative) and the steps after carry it on (measured: up
+    to 0.43 u16 of an update over 6 draws; 4 u16 leaves 9x). A bias left alone, a momentum term
+    dropped or a relu mask missed moves a tensor's update by tens of percent."""
+    u32 = 16 * (layout.layers + 1) * 2.0**-24
+    return u32 if dtype == "fp32" else 4 * 2.0**-11
+
+
+def check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd):
+    ref_losses, ref = reference(x, y, batches, p0, layout, steps, **sgd)
+    tol = tolerance(dtype, layout)
+    got_losses = losses[:steps].double().cpu()
+    assert ((got_losses - ref_losses).abs() / ref_losses).max() <= tol, (got_losses, ref_losses)
+    names = [f"{kind}{i}" for i in range(layout.layers + 1) for kind in ("W", "b")]
+    for name, got, want, start in zip(names, layout.views(params.double().cpu()), layout.views(ref),
+                                      layout.views(p0.double().cpu())):
+        err = ((got - want).norm() / (want - start).norm()).item()
+        assert err <= tol, f"{name}: its update is {err:.3g} off float64's, allowed {tol:.3g}"
+
+
+CPU_CASES = [  # irregular sides: none a multiple of a tile
+    ("fp32", Layout(hidden=24, layers=2, batch=20, inputs=50), dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
+    ("fp16", Layout(hidden=40, layers=3, batch=24, inputs=70), dict(lr=0.1, momentum=0.0, weight_decay=0.0)),
+    ("fp32", Layout(hidden=17, layers=1, batch=37, inputs=33), dict(lr=0.2, momentum=0.5, weight_decay=0.0)),
+]
+
+
+@pytest.mark.timeout(120)  # a barrier that never opens spins: fail, not hang
+@pytest.mark.parametrize("dtype,layout,sgd", CPU_CASES)
+def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd):
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's run; the GPU's is test_the_full_grid_tracks_float64_and_repeats_its_bits")
+    images, steps = 4 * layout.batch, 5
+    x = torch.randn(images, layout.inputs).to(torch.float16 if dtype == "fp16" else torch.float32)
+    y = torch.randint(0, layout.classes, (images,))
+    batches = torch.stack([torch.randperm(images)[:layout.batch] for _ in range(steps)])
+    p0 = torch.randn(layout.numel) * 0.2
+    params, bufs, losses = p0.clone(), torch.zeros_like(p0), torch.zeros(steps)
+    pos = torch.zeros((), dtype=torch.int64)
+    plan = persistent.plan(x, y, batches, pos, params, bufs if sgd["momentum"] else None, losses, layout, **sgd)
+    plan.run(2)
+    plan.run(steps - 2)  # a second segment goes on from the first's weights, momentum and position
+    assert pos.item() == steps
+    check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd)
+
+
+def test_a_grid_that_cannot_all_be_resident_is_refused():
+    check_coresident("k", 264, 2, 132)  # fits exactly
+    with pytest.raises(ValueError, match="265 programs cannot all be resident.*2 a multiprocessor, 264"):
+        check_coresident("k", 265, 2, 132)
+    with pytest.raises(ValueError, match="a grid of 0"):
+        check_coresident("k", 0, 2, 132)
+
+
+def _args(layout=Layout(hidden=16, layers=1, batch=16, inputs=16)):
+    x, y = torch.randn(32, layout.inputs), torch.randint(0, 10, (32,))
+    return (x, y, torch.zeros(2, layout.batch, dtype=torch.int64), torch.zeros((), dtype=torch.int64),
+            torch.zeros(layout.numel), None, torch.zeros(2), layout)
+
+
+@pytest.mark.parametrize("config,message", [
+    (dict(BM=8), "BM=8, a tile side must be a power of two of at least 16"),
+    (dict(BC=48), "BC=48"),
+    (dict(num_warps=3), "num_warps=3"),
+    (dict(PROGRAMS=-1), "PROGRAMS=-1"),
+    (dict(BLOCK_M=32), "unknown tunables"),
+])
+def test_a_bad_config_is_refused_in_one_line(config, message):
+    with pytest.raises(ValueError, match=message):
+        persistent.plan(*_args(), lr=0.1, config=config)
+
+
+def test_bad_inputs_are_refused_in_one_line():
+    x, y, batches, pos, params, bufs, losses, layout = _args()
+    with pytest.raises(ValueError, match="params: .* expected"):
+        persistent.plan(x, y, batches, pos, params[1:], bufs, losses, layout, lr=0.1)
+    with pytest.raises(ValueError, match="bufs: momentum needs"):
+        persistent.plan(x, y, batches, pos, params, None, losses, layout, lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="batches: .* expected int64"):
+        persistent.plan(x, y, batches.int(), pos, params, bufs, losses, layout, lr=0.1)
+    with pytest.raises(ValueError, match="x: .* expected a contiguous"):
+        persistent.plan(x[:, :8], y, batches, pos, params, bufs, losses, layout, lr=0.1)
+    with pytest.raises(ValueError, match="pos: .* expected one int64"):
+        persistent.plan(x, y, batches, pos.int(), params, bufs, losses, layout, lr=0.1)
+
+
+def test_the_interpreter_refuses_more_than_one_program():
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's rule")
+    with pytest.raises(ValueError, match="PROGRAMS=2.*passes only with 1"):
+        persistent.plan(*_args(), lr=0.1, config=dict(PROGRAMS=2))
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels_triton.persistent import DEFAULT, _train_kernel
+from kernels_triton.reports import _ptxas_usage
+arch, dt = int(sys.argv[1]), sys.argv[2]
+ptr = "*" + dt
+signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp32", "buf_ptr": "*fp32",
+             "acts_ptr": ptr, "grads_ptr": ptr, "slots_ptr": "*fp32", "losses_ptr": "*fp32", "counter_ptr": "*i32",
+             "pos_ptr": "*i64", "steps": "i32", "epoch_steps": "i32", "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
+tiles = {k: v for k, v in DEFAULT.items() if k not in ("num_warps", "PROGRAMS")}
+constexprs = dict(M=128, IN=784, H=128, OUT=10, LAYERS=2, BB=128, NP=16, HAS_MOMENTUM=True, HAS_WEIGHT_DECAY=False,
+                  **tiles)
+for name in constexprs:
+    signature[name] = "constexpr"
+k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
+                   target=GPUTarget("cuda", arch, 32), options=dict(num_warps=DEFAULT["num_warps"]))
+regs, spills = _ptxas_usage(k.asm["ptx"])
+print(json.dumps(dict(ptx=k.asm["ptx"], regs=regs, spills=spills)))
+"""
+
+
+@pytest.mark.parametrize("arch,dtype,instruction", [(80, "fp32", None), (90, "fp32", None),
+                                                     (80, "fp16", "mma.sync"), (90, "fp16", "wgmma")])
+def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(arch, dtype, instruction):
+    """The default config at the default protocol's shape (batch 128, H = 128), in a process of its
+    own (the interpreter and the compiler cannot share one): ptxas accepts it, nothing spills on
+    sm_90 (sm_80 has fewer registers to spare and may), the barrier arrives with a GPU-scope release
+    and polls with a GPU-scope acquire, and fp16 products run on tensor cores while fp32 ones stay
+    IEEE on the FMA units."""
+    import json
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
+    out = json.loads(subprocess.run([sys.executable, "-c", _COMPILE, str(arch), dtype],
+                                    check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout)
+    ops = set(re.findall(r"\b(?:red|atom|ld|mma|wgmma)\.[\w.]+", out["ptx"]))
+    assert arch != 90 or out["spills"] == 0, f"{out['spills']} bytes of spill stores"
+    assert any(op.startswith(("red.", "atom.")) and ".gpu" in op and ".release" in op for op in ops), ops
+    assert any(op.startswith("ld.") and ".gpu" in op and ".acquire" in op for op in ops), ops
+    products = {op for op in ops if op.startswith(("mma.", "wgmma."))}
+    assert bool(products) == (instruction is not None), products
+    assert instruction is None or any(op.startswith(instruction + ".") for op in products), products
+
+
+@pytest.mark.gpu
+def test_the_full_grid_tracks_float64_and_repeats_its_bits():
+    """The default protocol's shape (784-128-128-10, batch 128, fp32, momentum) on MNIST-sized
+    random data, one program a multiprocessor: a few steps against float64, and two runs from the
+    same start agree to the bit."""
+    layout, steps, sgd = Layout(hidden=128, layers=2, batch=128), 6, dict(lr=0.05, momentum=0.9, weight_decay=0.0)
+    x = torch.randn(2048, layout.inputs, device="cuda")
+    y = torch.randint(0, 10, (2048,), device="cuda")
+    batches = torch.stack([torch.randperm(2048, device="cuda")[:128] for _ in range(steps)])
+    p0 = torch.randn(layout.numel, device="cuda") * 0.05
+    runs = []
+    for _ in range(2):
+        params, bufs, losses = p0.clone(), torch.zeros_like(p0), torch.zeros(steps, device="cuda")
+        pos = torch.zeros((), dtype=torch.int64, device="cuda")
+        persistent.plan(x, y, batches, pos, params, bufs, losses, layout, **sgd).run(steps)
+        runs.append((params, losses))
+    check_against_float64(x, y, batches, p0, *runs[0], layout, "fp32", steps, **sgd)
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.gpu
+def test_a_grid_past_the_gpus_residency_is_refused_before_it_launches():
+    args = [t.cuda() if isinstance(t, torch.Tensor) else t for t in _args()]
+    with pytest.raises(ValueError, match="cannot all be resident"):
+        persistent.plan(*args, lr=0.1, config=dict(PROGRAMS=100000))
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(backend="torch"), "triton backend only"),
+    (dict(backend="cuda"), "the CUDA twin has none yet"),
+    (dict(backend="triton", pdl="exit"), "--pdl and --no-fuse choose among"),
+    (dict(backend="triton", fuse=False), "--pdl and --no-fuse choose among"),
+])
+def test_the_trainer_refuses_persistent_where_it_does_not_apply(kw, message):
+    from trainer.config import Config
+
+    with pytest.raises(ValueError, match=message):
+        Config(persistent=True, **kw)
+
+
+def _trained_losses(tmp_path, persistent_kernel, **kw):
+    import csv
+
+    from trainer.config import Config
+    from trainer.train import train
+
+    summary = train(Config(backend="triton", persistent=persistent_kernel, tuned_configs="none", progress=False,
+                           out=str(tmp_path / str(persistent_kernel)), **kw))
+    with open(summary.csv) as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)], summary
+
+
+@pytest.mark.timeout(300)
+def test_the_trainer_with_the_persistent_kernel_trains_as_the_fused_step_does(tmp_path):
+    """Segments of steps in one launch each (an evaluation every 3 steps), the position and the loss
+    record carried from one to the next: the losses of the fused step, to fp32 accumulation order
+    (compare's bar: the first 5 steps within 1e-4), and the same test accuracy to a few images."""
+    kw = dict(hidden=16, batch_size=16, steps=7, eval_every=3, train_subset=512, momentum=0.9, lr=0.05)
+    if torch.cuda.is_available():
+        kw.update(hidden=128, batch_size=128, steps=40, eval_every=15, train_subset=0)
+    fused, fused_summary = _trained_losses(tmp_path, False, **kw)
+    got, summary = _trained_losses(tmp_path, True, **kw)
+    assert len(got) == len(fused) == kw["steps"]
+    worst = max(abs(a - b) / b for a, b in zip(got[:5], fused[:5]))
+    assert worst <= 1e-4, (got, fused)
+    assert abs(summary.test_accuracy - fused_summary.test_accuracy) <= 5e-4, (summary, fused_summary)

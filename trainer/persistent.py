@@ -1,0 +1,52 @@
+"""The MLP trained by the persistent training kernel (kernels_triton/persistent.py, `--persistent`).
+
+Where the fused step (trainer/model.py) launches its kernels once a step, this backend launches
+one kernel a segment of steps: it reads the batches' rows and the position in the epoch from the
+trainer's DeviceBatches, writes each step's loss into the run's loss slots, and advances the
+position, as that many fused steps would. The parameters (W0, b0, W1, b1, ...; each W (in, out),
+as OpsMLP keeps them) and the momentum buffers each live in one flat fp32 buffer, the layout the
+kernel reads (kernels_core/persistent.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels_core.persistent import Layout
+from kernels_triton import persistent
+from trainer.config import Config
+from trainer.data import DeviceBatches
+from trainer.torch_backend import MLP
+
+
+class PersistentMLP:
+    gathers_batch = True
+
+    def __init__(self, initial: MLP, config: Config, batches: DeviceBatches, losses: torch.Tensor,
+                 kernel_config: dict | None = None):
+        device = batches.x.device
+        self.layout = Layout(config.hidden, config.layers, config.batch_size)
+        self.flat = torch.cat([t.detach().reshape(-1) for linear in initial.linears
+                               for t in (linear.weight.t(), linear.bias)]).float().to(device)
+        self.params = self.layout.views(self.flat)
+        self.bufs = torch.zeros_like(self.flat) if config.momentum else None
+        self.plan = persistent.plan(batches.x, batches.y, batches.epoch_batches, batches.pos, self.flat, self.bufs,
+                                    losses, self.layout, lr=config.lr, momentum=config.momentum,
+                                    weight_decay=config.weight_decay, config=kernel_config)
+
+    def describe(self) -> str:
+        return f"persistent kernel: {self.plan.programs} programs, config {self.plan.config}"
+
+    def run(self, steps: int) -> None:
+        """`steps` steps from the batches' position on, in one launch."""
+        self.plan.run(steps)
+
+    def snapshot(self) -> torch.Tensor:
+        return self.flat.clone()
+
+    def restore(self, saved: torch.Tensor) -> None:
+        self.flat.copy_(saved)
+        if self.bufs is not None:
+            self.bufs.zero_()
+
+    def weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.params[0::2], self.params[1::2]))
