@@ -1,0 +1,130 @@
+"""The persistent training kernel's step time over a few of its configs (a GPU machine): which
+tile sizes, warps and grid sizes its phases want, before the tuner searches them.
+
+    python -m experiments.persistent_configs [--protocol default,seed] [--hidden 128]
+        [--configs NAME,...] [--reps 5]
+
+Each config trains the protocol's net on MNIST from the trainer's initial weights and data order
+(trainer.train.build with --persistent): the first steps are checked against the fused step's
+losses (compare's bar: within 1e-4 over 5 steps, fp32; 1e-2 in fp16, whose roundings the two
+make in other orders), then each rep times one launch of a whole epoch's steps with CUDA events
+(468 steps at batch 128, 1875 at 32), the weights put back between reps; the step's time is the
+launch's over its steps, the median of the reps. Rows are written as each config ends.
+
+-> experiments/results/<gpu>/persistent_configs.csv: protocol, hidden, config (its name),
+   kernel_config, programs, steps, us_per_step (median), us_p20, us_p80, loss_diff (the
+   largest relative difference from the fused step over its first 5 steps), provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+
+import pandas as pd
+import torch
+
+from experiments.compare import base_config
+from experiments.paths import results_dir
+from kernels_core.mlp import PROTOCOLS
+from kernels_core.provenance import provenance
+from kernels_triton.persistent import DEFAULT
+
+CONFIGS = {  # name: what it changes from DEFAULT
+    "default": {},
+    "tiles16": dict(BM=16, BN=16),
+    "tiles16x32": dict(BM=16, BN=32, BK=64),
+    "warps4": dict(num_warps=4),
+    "rows32": dict(BR=32),
+    "programs64": dict(PROGRAMS=64),
+    "programs32": dict(PROGRAMS=32),
+}
+CHECK_STEPS = 5
+BAR = {"fp32": 1e-4, "fp16": 1e-2}
+
+
+def _losses(step, batches, losses: torch.Tensor, steps: int) -> list[float]:
+    """The first `steps` losses of steps taken by `step()` from the epoch's start."""
+    batches.pos.zero_()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return losses[:steps].tolist()
+
+
+def measure(protocol: str, hidden: int, name: str, reps: int, fused_losses: list[float]) -> dict:
+    from trainer.persistent import PersistentMLP
+    from trainer.torch_backend import initial_mlp
+    from trainer.train import build
+
+    cfg = replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend="triton", hidden=hidden, tuned_configs="none")
+    built = build(cfg)  # the data, batches and loss slots; the fused model it holds compiles nothing unused
+    backend = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
+                            kernel_config=CONFIGS[name])
+    saved = backend.snapshot()
+    got = _losses(lambda: backend.run(1), built.batches, built.stepper.losses, CHECK_STEPS)
+    diff = max(abs(a - b) / abs(b) for a, b in zip(got, fused_losses))
+    if diff > BAR[cfg.dtype]:
+        raise RuntimeError(f"{name}: the first steps' losses {got} are {diff:.3g} off the fused step's {fused_losses}")
+    steps = built.batches.steps_per_epoch
+    times = []
+    for _ in range(reps):
+        backend.restore(saved)
+        built.batches.pos.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        backend.run(steps)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / steps)
+    q = statistics.quantiles(times, n=5, method="inclusive")
+    return dict(protocol=protocol, hidden=hidden, config=name, kernel_config=str({**DEFAULT, **CONFIGS[name]}),
+                programs=backend.plan.programs, steps=steps, us_per_step=statistics.median(times), us_p20=q[0],
+                us_p80=q[3], loss_diff=diff, **provenance())
+
+
+def fused_losses(protocol: str, hidden: int) -> list[float]:
+    """The fused step's first losses (triton, its default configs), eager: the reference."""
+    from trainer.train import build
+
+    built = build(replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend="triton", hidden=hidden, tuned_configs="none"))
+    return _losses(built.stepper.eager, built.batches, built.stepper.losses, CHECK_STEPS)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.persistent_configs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--protocol", default="default,seed", help="comma-separated, of default, seed")
+    p.add_argument("--hidden", default="128", help="comma-separated widths (default 128)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument("--reps", type=int, default=5, help="launches of an epoch's steps a config (default 5)")
+    args = p.parse_args(argv)
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+    if not torch.cuda.is_available():
+        p.error("no CUDA device: the kernel's step time is a GPU's")
+    out = results_dir() / "persistent_configs.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for protocol in args.protocol.split(","):
+        for hidden in (int(h) for h in args.hidden.split(",")):
+            reference = fused_losses(protocol, hidden)
+            for name in names:
+                try:
+                    rows.append(measure(protocol, hidden, name, args.reps, reference))
+                except Exception as exc:  # one config failing must not lose the others' rows
+                    print(f"FAILED {protocol} H={hidden} {name}: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                r = rows[-1]
+                print(f"{protocol} H={hidden} {name}: {r['us_per_step']:.2f} µs a step ({r['programs']} programs, "
+                      f"p20 {r['us_p20']:.2f}, p80 {r['us_p80']:.2f}; loss {r['loss_diff']:.2g} off fused)", flush=True)
+                pd.DataFrame(rows).to_csv(out, index=False)
+    print(f"rows: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
