@@ -84,7 +84,7 @@ VARIANTS = {
     "triton-tuned-pdl-early": dict(backend="triton", tuned_configs="TUNED", pdl="early"),
     "triton-tuned-pdl-exit": dict(backend="triton", tuned_configs="TUNED", pdl="exit"),
     "triton-default": dict(backend="triton", tuned_configs="none"),
-    "triton-persistent": dict(backend="triton", persistent=True),
+    "triton-persistent": dict(backend="triton", persistent="on"),
 }
 # A row is redone only when one of these changed: `run_length` is what was asked ("5000 steps",
 # "10 epochs"), `tuned_configs_sha` the tuned store the row ran on (the store is data, not code).

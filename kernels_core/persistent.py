@@ -65,6 +65,18 @@ class Layout:
         return self.layers * self.batch * self.hidden + self.batch * self.classes
 
 
+def state_bytes(layout: Layout, elt: int, momentum: bool) -> int:
+    """What the kernel keeps coming back to across steps: the fp32 weights (and momentum buffers),
+    and the activations and gradients of one step in the compute dtype (`elt` bytes)."""
+    return 4 * layout.numel * (2 if momentum else 1) + elt * (layout.activation_elems + layout.gradient_elems)
+
+
+def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None) -> bool:
+    """Whether that state fits the GPU's L2 cache, where it stays between phases and steps (None:
+    no cache to fit, Triton's interpreter)."""
+    return l2_bytes is None or state_bytes(layout, elt, momentum) <= l2_bytes
+
+
 def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
     """Refuses, in one line, a grid that a grid barrier would deadlock: more programs than the
     GPU's `sms` multiprocessors hold at once, `per_sm` each (the compiled kernel's occupancy)."""

@@ -234,7 +234,7 @@ def test_the_trainer_refuses_persistent_where_it_does_not_apply(kw, message):
     from trainer.config import Config
 
     with pytest.raises(ValueError, match=message):
-        Config(persistent=True, **kw)
+        Config(persistent="on", **kw)
 
 
 def _trained_losses(tmp_path, persistent_kernel, **kw):
@@ -243,7 +243,7 @@ def _trained_losses(tmp_path, persistent_kernel, **kw):
     from trainer.config import Config
     from trainer.train import train
 
-    summary = train(Config(backend="triton", persistent=persistent_kernel, tuned_configs="none", progress=False,
+    summary = train(Config(backend="triton", persistent="on" if persistent_kernel else None, tuned_configs="none", progress=False,
                            out=str(tmp_path / str(persistent_kernel)), **kw))
     with open(summary.csv) as f:
         return [float(row["loss"]) for row in csv.DictReader(f)], summary
@@ -263,3 +263,27 @@ def test_the_trainer_with_the_persistent_kernel_trains_as_the_fused_step_does(tm
     worst = max(abs(a - b) / b for a, b in zip(got[:5], fused[:5]))
     assert worst <= 1e-4, (got, fused)
     assert abs(summary.test_accuracy - fused_summary.test_accuracy) <= 5e-4, (summary, fused_summary)
+
+
+def test_persistent_is_refused_where_the_model_does_not_fit_on_chip_and_auto_picks_by_the_same_rule(monkeypatch,
+                                                                                                    capsys):
+    from kernels_core.persistent import state_bytes
+    from trainer import persistent as trainer_persistent
+    from trainer.config import Config
+    from trainer.train import RunError
+
+    config = Config(backend="triton", hidden=128, persistent="on")
+    need = state_bytes(Layout(128, config.layers, config.batch_size), 4, True)
+    assert need == 4 * 2 * Layout(128, 2, 128).numel + 4 * (2 * 128 * 128 + 2 * 128 * 128 + 128 * 10)
+    gpu = torch.device("cuda")
+    for l2, fits in ((need, True), (need - 1, False)):
+        props = type("Props", (), {"L2_cache_size": l2})()
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+        if fits:
+            assert trainer_persistent.runs_persistent(config, gpu)
+        else:
+            with pytest.raises(RunError, match=r"--persistent: .* take \d+\.\d MiB, more than the GPU's"):
+                trainer_persistent.runs_persistent(config, gpu)
+        assert trainer_persistent.runs_persistent(Config(backend="triton", hidden=128, persistent="auto"), gpu) == fits
+        picked = "the persistent kernel" if fits else "the fused step"
+        assert f"--persistent auto: {picked}" in capsys.readouterr().err

@@ -29,6 +29,7 @@ BACKENDS = ("torch", *BUILTIN)  # the PyTorch baseline and the kernel twins
 FP32_TINY, FP32_MAX = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max  # smallest normal, largest
 MOMENTUM_BELOW = 1 - 2**-25  # fp32 rounds this and anything above it to 1: no decay
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed's largest
+PERSISTENT_MODES = ("on", "auto")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor captures its own CUDA graphs
 
@@ -55,7 +56,8 @@ class Config:
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
     fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
     pdl: str | None = None  # cuda/triton, sm_90+: the step's GEMMs as programmatic dependent launches, early or exit
-    persistent: bool = False  # triton: each segment of steps in one launch of the persistent training kernel
+    persistent: str | None = None  # triton: "on", each segment of steps in one launch of the persistent
+    # training kernel; "auto", that where the model's state fits the GPU's L2, the fused step elsewhere
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
     tf32: bool = False  # torch backend, fp32: matmuls on TF32 tensor cores (allow_tf32), a lower precision
@@ -82,6 +84,8 @@ class Config:
             raise ValueError(f"--pdl {self.pdl!r} is not one of {', '.join(DEPENDENT_MODES)}")
         if self.pdl and self.backend == "torch":
             raise ValueError("--pdl applies to the cuda and triton backends only")
+        if self.persistent not in (None, *PERSISTENT_MODES):
+            raise ValueError(f"--persistent {self.persistent!r} is not one of {', '.join(PERSISTENT_MODES)}")
         if self.persistent and self.backend != "triton":
             raise ValueError("--persistent: the persistent training kernel is in the triton backend only "
                              "(the CUDA twin has none yet)")
@@ -189,9 +193,11 @@ def parser() -> argparse.ArgumentParser:
                    help="cuda/triton, sm_90 or newer: launch the step's GEMMs as programmatic dependent launches, "
                         "each placed on the GPU once every block of the one before has started (early) or as "
                         "they exit (exit)")
-    p.add_argument("--persistent", action="store_const", const=True,
+    p.add_argument("--persistent", nargs="?", const="on", choices=PERSISTENT_MODES,
                    help="triton: train each segment of steps (to the next evaluation) in one launch of the "
-                        "persistent training kernel, its phases separated by grid barriers")
+                        "persistent training kernel, its phases separated by grid barriers; refused where the "
+                        "model's weights, momentum and one step's activations do not fit the GPU's L2 cache. "
+                        "auto: that where they fit, the fused step elsewhere (the run says which)")
     p.add_argument("--compile", choices=COMPILE_MODES,
                    help="torch backend: torch.compile the model with its loss and the SGD step in this mode")
     p.add_argument("--torch-graph", action="store_const", const=True,

@@ -9,13 +9,35 @@ kernel reads (kernels_core/persistent.py).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from kernels_core.persistent import Layout
+from kernels_core.contract import DTYPES
+from kernels_core.persistent import Layout, fits_on_chip, state_bytes
 from kernels_triton import persistent
 from trainer.config import Config
 from trainer.data import DeviceBatches
 from trainer.torch_backend import MLP
+from trainer.train import RunError  # trainer.train imports this module only once it is loaded
+
+
+def runs_persistent(config: Config, device: torch.device) -> bool:
+    """Whether the persistent kernel trains this run: always with --persistent (refused where the
+    model does not fit on chip), where it fits with --persistent auto, which says what it picked."""
+    layout = Layout(config.hidden, config.layers, config.batch_size)
+    need = state_bytes(layout, DTYPES[config.dtype].itemsize, bool(config.momentum))
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
+    fits = fits_on_chip(layout, DTYPES[config.dtype].itemsize, bool(config.momentum), l2)
+    room = "" if l2 is None else f" of the GPU's {l2 / 2**20:.0f} MiB L2"
+    if config.persistent == "on" and not fits:
+        raise RunError(f"--persistent: the model's weights, momentum and one step's activations take "
+                         f"{need / 2**20:.1f} MiB, more than the GPU's {l2 / 2**20:.0f} MiB L2 holds; use a smaller "
+                         "--hidden or --layers, or --persistent auto to train with the fused step")
+    if config.persistent == "auto":
+        picked = "the persistent kernel" if fits else "the fused step"
+        print(f"--persistent auto: {picked} (the model's state takes {need / 2**20:.1f} MiB{room})", file=sys.stderr)
+    return fits
 
 
 class PersistentMLP:

@@ -71,6 +71,7 @@ class Summary:
     graph: bool
     compile: str | None
     fused: bool | None  # cuda/triton: the fused step (None for torch)
+    persistent: bool | None  # triton: the persistent kernel ran the steps (None for torch)
     ops_per_step: int | None  # GPU operations of one step (kernels, memsets, copies); None on a CPU
     config_source: str  # tuned, nearest, default, matmul or mixed (CallConfigs.sources); n/a for torch
     config_store: str  # the store's origin: "none", or "<yours|shipped|given>: <path>" (n/a for torch)
@@ -96,8 +97,7 @@ def accuracy(weights: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, 
 def _uses_graph(config: Config, device: torch.device) -> bool:
     if device.type != "cuda":
         return False
-    # The persistent kernel runs a segment in one launch: nothing for a graph to save.
-    return config.torch_graph if config.backend == "torch" else config.graph and not config.persistent
+    return config.torch_graph if config.backend == "torch" else config.graph
 
 
 def _eval_every(config: Config, steps_per_epoch: int) -> int:
@@ -157,7 +157,9 @@ def build(config: Config) -> Built:
     batches = DeviceBatches(data.train_x, data.train_y, config.batch_size, config.seed)
     losses = torch.zeros(batches.steps_per_epoch, dtype=torch.float32, device=device)
     if config.persistent:
-        from trainer.persistent import PersistentMLP  # imports Triton, which no other run of a torch backend needs
+        from trainer.persistent import PersistentMLP, runs_persistent  # Triton, which other runs may not need
+
+    if config.persistent and runs_persistent(config, device):
         from trainer.torch_backend import initial_mlp
 
         backend, configs = PersistentMLP(initial_mlp(config.hidden, config.layers, config.seed), config, batches,
@@ -218,7 +220,8 @@ def _train(config: Config) -> Summary:
     spe = batches.steps_per_epoch
     total = config.steps or config.epochs * spe
     eval_every = _eval_every(config, spe)
-    graph = _uses_graph(config, device)
+    persistent = hasattr(backend, "run")  # --persistent auto may have picked the fused step
+    graph = _uses_graph(config, device) and not persistent
 
     t0 = time.perf_counter()
     stepper.prepare(capture=graph)
@@ -226,7 +229,7 @@ def _train(config: Config) -> Summary:
     setup_seconds = time.perf_counter() - t0
     if configs is not None:
         print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
-    elif config.persistent:
+    elif persistent:
         print(backend.describe(), file=sys.stderr)
 
     csv_path = _run_path(runs, config)
@@ -272,7 +275,7 @@ def _train(config: Config) -> Summary:
                         done = begin  # slots whose step has been issued completely
                         first = begin  # the first slot of the timed group in flight
                         try:
-                            if config.persistent:  # the whole segment in one launch, timed as one group
+                            if persistent:  # the whole segment in one launch, timed as one group
                                 timer.start(begin)
                                 backend.run(end - begin)
                                 timer.stop(begin, end - begin)
@@ -323,6 +326,7 @@ def _train(config: Config) -> Summary:
         train_seconds=train_seconds, setup_seconds=setup_seconds, seconds_to_98=to_98,
         median_step_us=statistics.median(all_times), final_loss=last_loss, graph=graph,
         compile=config.compile, fused=config.fuse if config.backend != "torch" else None,
+        persistent=persistent if config.backend != "torch" else None,
         ops_per_step=stepper.ops_per_step, config_source=configs.sources() if configs else "n/a",
         config_store=configs.origin if configs else "n/a",
         csv=str(csv_path), provenance=provenance(),
