@@ -23,9 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def reference(x, y, batches, params, layout, steps, lr, momentum, weight_decay):
     """(losses, params) of `steps` steps of float64 training from `params`, written out (forward,
-    cross entropy, backward, SGD with torch.optim.SGD's momentum and weight decay). With 16-bit x
-    it rounds where the kernel stores 16-bit values: the weights a GEMM reads, each activation, the
-    logits, each output gradient; so only the kernel's fp32 accumulation stays between the two."""
+    cross entropy, backward, SGD with torch.optim.SGD's momentum and weight decay). It rounds where
+    the kernel stores: the weights and momentum buffers to fp32 after each update, and with 16-bit
+    x the weights a GEMM reads, each activation, the logits and each output gradient to x's dtype;
+    so only the kernel's fp32 accumulation stays between the two."""
     low = x.dtype if x.dtype != torch.float32 else None
     r = (lambda t: t.to(low).double()) if low else (lambda t: t)
     ps = [t.double().clone() for t in layout.views(params.cpu())]
@@ -47,9 +48,9 @@ def reference(x, y, batches, params, layout, steps, lr, momentum, weight_decay):
             for p, buf, g in zip(ps[i:i + 2], bufs[i:i + 2], grads):
                 g = g + weight_decay * p
                 if momentum:
-                    buf.mul_(momentum).add_(g)
+                    buf.copy_((momentum * buf + g).float())
                     g = buf
-                p.sub_(lr * g)
+                p.copy_((p - lr * g).float())
     return torch.tensor(losses, dtype=torch.float64), torch.cat([p.flatten() for p in ps])
 
 
