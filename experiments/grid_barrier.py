@@ -33,24 +33,16 @@ import triton.language as tl
 
 from experiments.paths import write_results
 from kernels_core.provenance import provenance
+from kernels_cuda import _runtime as rt
 from kernels_triton.persistent import grid_barrier
 
 WARPS = 4
 PROGRAMS_PER_SM = (1, 2, 4)
 
-CUDA_SOURCE = r"""
-extern "C" __global__ void barrier_rounds(unsigned* counter, int rounds) {
-    for (int i = 0; i < rounds; ++i) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned target = (unsigned)(i + 1) * gridDim.x, seen;
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(counter) : "memory");
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-            } while (seen < target);
-        }
-        __syncthreads();
-    }
+# The persistent training kernel's barrier itself (kernels_cuda/grid_barrier.cuh), pasted in.
+CUDA_SOURCE = rt.source("grid_barrier.cuh") + r"""
+extern "C" __global__ void barrier_rounds(u32* counter, int rounds) {
+    for (int i = 0; i < rounds; ++i) grid_barrier(counter, (u32)(i + 1) * gridDim.x);
 }
 """
 

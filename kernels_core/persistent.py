@@ -1,5 +1,6 @@
 """What both twins' persistent training kernel shares: the MLP's parameters as one flat buffer,
-the kernel's scratch, and the rule that refuses a grid whose programs cannot all be resident.
+the kernel's scratch, the refusals of a plan's config and tensors, and the rule that refuses a
+grid whose programs cannot all be resident.
 
 The persistent kernel runs many training steps of 784 -> hidden x layers -> 10 in one launch, its
 phases (each layer's forward, the loss, each layer's backward with its SGD update) separated by
@@ -18,6 +19,9 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
+import torch
+
+from kernels_core import contract
 from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
 
 
@@ -75,6 +79,45 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
     """Whether that state fits the GPU's L2 cache, where it stays between phases and steps (None:
     no cache to fit, Triton's interpreter)."""
     return l2_bytes is None or state_bytes(layout, elt, momentum) <= l2_bytes
+
+
+def resolve_config(config: dict | None, default: dict) -> dict:
+    """`default` with `config`'s entries, refused in one line where a twin's kernel has no such
+    tunable or cannot build it: tile sides powers of two of at least 16 (Triton's tl.dot's
+    smallest; the CUDA twin's threads then divide every tile), 1 to 8 warps a program."""
+    cfg = {**default, **(config or {})}
+    unknown = set(cfg) - set(default)
+    if unknown:
+        raise ValueError(f"config: unknown tunables {sorted(unknown)}; the persistent kernel's are {sorted(default)}")
+    for name in ("BM", "BN", "BK", "BR", "BC", "BL"):
+        v = cfg[name]
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"config: {name}={v}, a tile side must be a power of two of at least 16")
+    if cfg["num_warps"] not in (1, 2, 4, 8):
+        raise ValueError(f"config: num_warps={cfg['num_warps']}, not 1, 2, 4 or 8")
+    if cfg["PROGRAMS"] < 0:
+        raise ValueError(f"config: PROGRAMS={cfg['PROGRAMS']}, 0 (one a multiprocessor) or a count")
+    return cfg
+
+
+def check_inputs(x: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
+                 bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, momentum: float) -> str:
+    """Refuses, in one line, tensors a twin's `plan` cannot train on (its docstring says what each
+    holds); returns x's dtype name."""
+    if x.dim() != 2 or x.shape[1] != layout.inputs or not x.is_contiguous():
+        raise ValueError(f"x: {tuple(x.shape)}, expected a contiguous (images, {layout.inputs})")
+    dtype = contract.dtype_name(x.dtype)
+    if batches.dtype != torch.int64 or batches.dim() != 2 or batches.shape[1] != layout.batch:
+        raise ValueError(f"batches: {batches.dtype} {tuple(batches.shape)}, expected int64 (steps, {layout.batch})")
+    if params.dtype != torch.float32 or params.numel() != layout.numel or not params.is_contiguous():
+        raise ValueError(f"params: {params.dtype} with {params.numel()} elements, expected {layout.numel} fp32")
+    if momentum and (bufs is None or bufs.shape != params.shape or bufs.dtype != torch.float32):
+        raise ValueError("bufs: momentum needs an fp32 buffer shaped like params")
+    if pos.dtype != torch.int64 or pos.numel() != 1:
+        raise ValueError(f"pos: {pos.dtype} ({pos.numel()} elements), expected one int64")
+    if losses.dtype != torch.float32 or losses.numel() < batches.shape[0]:
+        raise ValueError(f"losses: {losses.dtype} ({losses.numel()},), expected fp32 with one entry a step")
+    return dtype
 
 
 def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:

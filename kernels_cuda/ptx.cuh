@@ -68,6 +68,13 @@ __device__ __forceinline__ float ldcg1(const float* p) {
     return r;
 }
 
+// A 16-bit element (fp16 / bf16 bits) the same way.
+__device__ __forceinline__ u16 ldcg1(const u16* p) {
+    u16 r;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
 // Sends for p's line into L1 and goes on: a read of it later finds it there.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 

@@ -40,8 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_core import contract
-from kernels_core.persistent import Layout, blocks_per_sm, check_coresident
+from kernels_core.persistent import Layout, blocks_per_sm, check_coresident, check_inputs, resolve_config
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -264,17 +263,6 @@ class Plan:
         _train_kernel[(self.programs,)](**self.args, steps=steps, num_warps=self.config["num_warps"])
 
 
-def _check_config(cfg: dict, layout: Layout) -> None:
-    for name in ("BM", "BN", "BK", "BR", "BC", "BL"):
-        v = cfg[name]
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"config: {name}={v}, a tile side must be a power of two of at least 16")
-    if cfg["num_warps"] not in (1, 2, 4, 8):
-        raise ValueError(f"config: num_warps={cfg['num_warps']}, not 1, 2, 4 or 8")
-    if cfg["PROGRAMS"] < 0:
-        raise ValueError(f"config: PROGRAMS={cfg['PROGRAMS']}, 0 (one a multiprocessor) or a count")
-
-
 def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
          bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, *, lr: float, momentum: float = 0.0,
          weight_decay: float = 0.0, config: dict | None = None) -> Plan:
@@ -283,26 +271,10 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; batches: (epoch's steps, batch) int64, the
     trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
-    cfg = {**DEFAULT, **(config or {})}
-    unknown = set(cfg) - set(DEFAULT)
-    if unknown:
-        raise ValueError(f"config: unknown tunables {sorted(unknown)}; the persistent kernel's are {sorted(DEFAULT)}")
-    _check_config(cfg, layout)
+    cfg = resolve_config(config, DEFAULT)
     for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
         rt.check_device(name, t)
-    if x.dim() != 2 or x.shape[1] != layout.inputs or not x.is_contiguous():
-        raise ValueError(f"x: {tuple(x.shape)}, expected a contiguous (images, {layout.inputs})")
-    dtype = contract.dtype_name(x.dtype)
-    if batches.dtype != torch.int64 or batches.dim() != 2 or batches.shape[1] != layout.batch:
-        raise ValueError(f"batches: {batches.dtype} {tuple(batches.shape)}, expected int64 (steps, {layout.batch})")
-    if params.dtype != torch.float32 or params.numel() != layout.numel or not params.is_contiguous():
-        raise ValueError(f"params: {params.dtype} with {params.numel()} elements, expected {layout.numel} fp32")
-    if momentum and (bufs is None or bufs.shape != params.shape or bufs.dtype != torch.float32):
-        raise ValueError("bufs: momentum needs an fp32 buffer shaped like params")
-    if pos.dtype != torch.int64 or pos.numel() != 1:
-        raise ValueError(f"pos: {pos.dtype} ({pos.numel()} elements), expected one int64")
-    if losses.dtype != torch.float32 or losses.numel() < batches.shape[0]:
-        raise ValueError(f"losses: {losses.dtype} ({losses.numel()},), expected fp32 with one entry a step")
+    check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)
     device = x.device
     programs = _programs(cfg, layout, device)
     m, h = layout.batch, layout.hidden

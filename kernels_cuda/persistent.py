@@ -1,0 +1,102 @@
+"""Many training steps of the MLP in one launch: the CUDA twin of kernels_triton/persistent.py
+(whose docstring has the why and the algorithm), on persistent.cu's train_steps.
+
+The Triton twin's plan, scratch and refusals (kernels_core/persistent.py), one block of
+32 x num_warps threads a program, and two refusals of its own: labels other than int64 (the
+kernel reads 8-byte labels), and a batch whose phases need more shared memory than the GPU gives
+a block (the backward holds a block's columns of the whole batch's activations). The products are
+FMAs on the CUDA cores (persistent.cu's header: the rounding, the phases, what each reads and
+writes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels_core.contract import cdiv
+from kernels_core.persistent import Layout, blocks_per_sm, check_coresident, check_inputs, resolve_config
+
+from . import _runtime as rt
+
+# The Triton twin's tunables, so a config means the same in both. 8 warps: a backward block's 256
+# threads each hold 8 of dx's 128 x 16 sums.
+DEFAULT = dict(BM=32, BN=32, BK=32, BR=16, BC=16, BL=16, num_warps=8, PROGRAMS=0)
+
+
+def smem_bytes(cfg: dict, layout: Layout) -> int:
+    """Dynamic shared memory of a block: persistent.cu's PersistentSmem<...>::FLOATS, in bytes."""
+    m, bk = layout.batch, cfg["BK"]
+    forward = cfg["BM"] * (bk + 1) + bk * cfg["BN"]
+    loss = cfg["BL"] * (bk + 1) + bk * layout.classes + cfg["BL"] * layout.classes + cfg["BL"]
+    backward = m * cfg["BR"] + m * cfg["BC"] + cfg["BR"] * (cfg["BC"] + 1)
+    return 4 * max(forward, loss, backward)
+
+
+def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool) -> rt.Variant:
+    return rt.Variant("persistent.cu", "train_steps", (
+        rt.DT_CODE[dtype], layout.layers, layout.inputs, layout.hidden, layout.classes, layout.batch,
+        cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BC"], cfg["BL"], 32 * cfg["num_warps"],
+        int(momentum), int(weight_decay)))
+
+
+@dataclass
+class Plan:
+    """The Triton twin's Plan for train_steps: `run(steps)` launches a segment from the position
+    the device holds, capturable (no allocation, no device value read on the host)."""
+
+    layout: Layout
+    config: dict
+    programs: int
+    variant: rt.Variant
+    device: int
+    smem: int
+    head: tuple  # the kernel's arguments before `steps`
+    tail: tuple  # and after
+    counter: torch.Tensor
+    tag: tuple
+    tensors: tuple  # what the pointers point to, alive as long as the plan
+
+    def run(self, steps: int) -> None:
+        self.counter.zero_()
+        rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
+                  self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)
+
+
+def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
+         bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, *, lr: float, momentum: float = 0.0,
+         weight_decay: float = 0.0, config: dict | None = None) -> Plan:
+    """The launch that trains `params` (flat fp32, `layout`'s order; `bufs` likewise, or None
+    without momentum) on x[batches[s]], y[batches[s]] for the slots s = *pos, *pos + 1, ... (mod
+    the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
+    x: (images, inputs) in the compute dtype; y: int64 labels; batches: (epoch's steps, batch)
+    int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
+    cfg = resolve_config(config, DEFAULT)
+    for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
+        rt.check_cuda(name, t)
+    dtype = check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)
+    if y.dtype != torch.int64:  # the kernel reads 8-byte labels
+        raise ValueError(f"y: {y.dtype}, expected int64 labels")
+    dev = x.device.index
+    smem = smem_bytes(cfg, layout)
+    limit = rt.device_props(dev)[1]
+    if smem > limit:
+        raise ValueError(f"config: a block needs {smem} bytes of shared memory at batch {layout.batch} "
+                         f"(BR={cfg['BR']}, BC={cfg['BC']}), the GPU allows {limit}; ask for smaller BR and BC "
+                         "or a smaller batch")
+    threads = 32 * cfg["num_warps"]
+    programs = cfg["PROGRAMS"] or rt.sm_count(dev)
+    kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay))
+    fn = rt.function(kernel, dev, smem)
+    with rt.cupy().cuda.Device(dev):
+        per_sm = blocks_per_sm(fn.kernel.ptr, threads, smem)
+    check_coresident("persistent kernel", programs, per_sm, rt.sm_count(dev))
+    m = layout.batch
+    counter = torch.zeros(1, dtype=torch.int32, device=x.device)
+    acts = torch.empty(layout.activation_elems, dtype=x.dtype, device=x.device)
+    grads = torch.empty(layout.gradient_elems, dtype=x.dtype, device=x.device)
+    slots = torch.empty(cdiv(m, cfg["BL"]), dtype=torch.float32, device=x.device)
+    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, slots, losses, counter, pos)
+    tail = (rt.i32(batches.shape[0]), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay), rt.f32(1.0 / m))
+    return Plan(layout, cfg, programs, kernel, dev, smem, tuple(rt.ptr(t) for t in tensors), tail, counter,
+                rt.tag("persistent", dtype, cfg), tensors)
