@@ -288,3 +288,15 @@ def test_persistent_is_refused_where_the_model_does_not_fit_on_chip_and_auto_pic
         assert trainer_persistent.runs_persistent(Config(backend="triton", hidden=128, persistent="auto"), gpu) == fits
         picked = "the persistent kernel" if fits else "the fused step"
         assert f"--persistent auto: {picked}" in capsys.readouterr().err
+
+
+def test_the_configs_experiment_refuses_an_unknown_config_and_a_machine_without_a_gpu(capsys):
+    from experiments import persistent_configs
+
+    with pytest.raises(SystemExit) as exit_:
+        persistent_configs.main(["--configs", "default,huge"])
+    assert exit_.value.code == 2 and "unknown configs ['huge']" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_:
+            persistent_configs.main(["--configs", "default"])
+        assert exit_.value.code == 2 and "no CUDA device" in capsys.readouterr().err
