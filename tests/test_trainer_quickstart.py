@@ -1,6 +1,7 @@
 """`make run`'s closing summary: where the outputs went, each run's accuracy and step time, what to try next."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,8 +18,11 @@ def test_summary_names_outputs_accuracy_step_time_and_the_next_command(tmp_path,
     results: list = []
     cmd = [sys.executable, "-m", "trainer.run", "--steps", "3", "--hidden", "16", "--train-subset", "256",
            "--no-progress"]
-    assert quickstart.run(cmd, results)
-    assert quickstart.run([sys.executable, "-c", "raise SystemExit(3)"], results) is False
+    # This process's environment, not child_env's (tested below): where Python may not write its bytecode,
+    # child_env moves it under the working folder, here a fresh one, and the run would compile torch anew.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    assert quickstart.run(cmd, results, env)
+    assert quickstart.run([sys.executable, "-c", "raise SystemExit(3)"], results, env) is False
     (cmd_text, status, seconds, summary), failed = results
     assert cmd_text == "trainer.run --steps 3 --hidden 16 --train-subset 256 --no-progress" and status == "ok"
     assert summary["steps"] == 3 and failed[1] == "FAILED" and failed[3] is None
