@@ -226,8 +226,7 @@ def test_a_grid_past_the_gpus_residency_is_refused_before_it_launches():
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(backend="torch"), "triton backend only"),
-    (dict(backend="cuda"), "the CUDA twin has none yet"),
+    (dict(backend="torch"), "the cuda and triton backends only"),
     (dict(backend="triton", pdl="exit"), "--pdl and --no-fuse choose among"),
     (dict(backend="triton", fuse=False), "--pdl and --no-fuse choose among"),
 ])
@@ -238,28 +237,30 @@ def test_the_trainer_refuses_persistent_where_it_does_not_apply(kw, message):
         Config(persistent="on", **kw)
 
 
-def _trained_losses(tmp_path, persistent_kernel, **kw):
+def _trained_losses(tmp_path, backend, persistent_kernel, **kw):
     import csv
 
     from trainer.config import Config
     from trainer.train import train
 
-    summary = train(Config(backend="triton", persistent="on" if persistent_kernel else None, tuned_configs="none", progress=False,
-                           out=str(tmp_path / str(persistent_kernel)), **kw))
+    summary = train(Config(backend=backend, persistent="on" if persistent_kernel else None, tuned_configs="none",
+                           progress=False, out=str(tmp_path / f"{backend}{persistent_kernel}"), **kw))
     with open(summary.csv) as f:
         return [float(row["loss"]) for row in csv.DictReader(f)], summary
 
 
 @pytest.mark.timeout(300)
-def test_the_trainer_with_the_persistent_kernel_trains_as_the_fused_step_does(tmp_path):
+@pytest.mark.parametrize("backend", ["triton", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_trainer_with_the_persistent_kernel_trains_as_the_fused_step_does(tmp_path, backend):
     """Segments of steps in one launch each (an evaluation every 3 steps), the position and the loss
-    record carried from one to the next: the losses of the fused step, to fp32 accumulation order
-    (compare's bar: the first 5 steps within 1e-4), and the same test accuracy to a few images."""
+    record carried from one to the next: the losses of the twin's fused step, to fp32 accumulation
+    order (compare's bar: the first 5 steps within 1e-4), and the same test accuracy to a few images."""
     kw = dict(hidden=16, batch_size=16, steps=7, eval_every=3, train_subset=512, momentum=0.9, lr=0.05)
     if torch.cuda.is_available():
         kw.update(hidden=128, batch_size=128, steps=40, eval_every=15, train_subset=0)
-    fused, fused_summary = _trained_losses(tmp_path, False, **kw)
-    got, summary = _trained_losses(tmp_path, True, **kw)
+    fused, fused_summary = _trained_losses(tmp_path, backend, False, **kw)
+    got, summary = _trained_losses(tmp_path, backend, True, **kw)
+    assert summary.persistent and not fused_summary.persistent
     assert len(got) == len(fused) == kw["steps"]
     worst = max(abs(a - b) / b for a, b in zip(got[:5], fused[:5]))
     assert worst <= 1e-4, (got, fused)

@@ -56,7 +56,7 @@ class Config:
     graph: bool = True  # cuda/triton: capture the whole step in one CUDA graph
     fuse: bool = True  # cuda/triton: the fused step (loss, ReLU backward, bias grad, SGD in GEMM epilogues)
     pdl: str | None = None  # cuda/triton, sm_90+: the step's GEMMs as programmatic dependent launches, early or exit
-    persistent: str | None = None  # triton: "on", each segment of steps in one launch of the persistent
+    persistent: str | None = None  # cuda/triton: "on", each segment of steps in one launch of the persistent
     # training kernel; "auto", that where the model's state fits the GPU's L2, the fused step elsewhere
     compile: str | None = None  # torch backend: torch.compile mode for the model with its loss and the SGD step
     torch_graph: bool = False  # torch backend: whole-step CUDA graph (data gather included)
@@ -86,9 +86,8 @@ class Config:
             raise ValueError("--pdl applies to the cuda and triton backends only")
         if self.persistent not in (None, *PERSISTENT_MODES):
             raise ValueError(f"--persistent {self.persistent!r} is not one of {', '.join(PERSISTENT_MODES)}")
-        if self.persistent and self.backend != "triton":
-            raise ValueError("--persistent: the persistent training kernel is in the triton backend only "
-                             "(the CUDA twin has none yet)")
+        if self.persistent and self.backend == "torch":
+            raise ValueError("--persistent applies to the cuda and triton backends only")
         if self.persistent and (self.pdl or not self.fuse):
             raise ValueError("--persistent runs whole steps in one kernel; --pdl and --no-fuse choose among the "
                              "step's kernels, which it does not launch")
@@ -194,7 +193,7 @@ def parser() -> argparse.ArgumentParser:
                         "each placed on the GPU once every block of the one before has started (early) or as "
                         "they exit (exit)")
     p.add_argument("--persistent", nargs="?", const="on", choices=PERSISTENT_MODES,
-                   help="triton: train each segment of steps (to the next evaluation) in one launch of the "
+                   help="cuda/triton: train each segment of steps (to the next evaluation) in one launch of the "
                         "persistent training kernel, its phases separated by grid barriers; refused where the "
                         "model's weights, momentum and one step's activations do not fit the GPU's L2 cache. "
                         "auto: that where they fit, the fused step elsewhere (the run says which)")

@@ -1,4 +1,5 @@
-"""The MLP trained by the persistent training kernel (kernels_triton/persistent.py, `--persistent`).
+"""The MLP trained by the persistent training kernel (`--persistent`): kernels_triton/persistent.py
+or kernels_cuda/persistent.py, the run's backend's.
 
 Where the fused step (trainer/model.py) launches its kernels once a step, this backend launches
 one kernel a segment of steps: it reads the batches' rows and the position in the epoch from the
@@ -9,13 +10,13 @@ kernel reads (kernels_core/persistent.py).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 import torch
 
 from kernels_core.contract import DTYPES
 from kernels_core.persistent import Layout, fits_on_chip, state_bytes
-from kernels_triton import persistent
 from trainer.config import Config
 from trainer.data import DeviceBatches
 from trainer.torch_backend import MLP
@@ -51,7 +52,8 @@ class PersistentMLP:
                                for t in (linear.weight.t(), linear.bias)]).float().to(device)
         self.params = self.layout.views(self.flat)
         self.bufs = torch.zeros_like(self.flat) if config.momentum else None
-        self.plan = persistent.plan(batches.x, batches.y, batches.epoch_batches, batches.pos, self.flat, self.bufs,
+        kernel = importlib.import_module(f"kernels_{config.backend}.persistent")
+        self.plan = kernel.plan(batches.x, batches.y, batches.epoch_batches, batches.pos, self.flat, self.bufs,
                                     losses, self.layout, lr=config.lr, momentum=config.momentum,
                                     weight_decay=config.weight_decay, config=kernel_config)
 
