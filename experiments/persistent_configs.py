@@ -29,7 +29,7 @@ from experiments.compare import base_config
 from experiments.paths import results_dir
 from kernels_core.mlp import PROTOCOLS
 from kernels_core.provenance import provenance
-from kernels_triton.persistent import DEFAULT
+from kernels_core.persistent import DEFAULT
 
 CONFIGS = {  # name: what it changes from DEFAULT
     "default": {},

@@ -81,7 +81,15 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
     return l2_bytes is None or state_bytes(layout, elt, momentum) <= l2_bytes
 
 
-def resolve_config(config: dict | None, default: dict) -> dict:
+# Both twins' tunables, so a config means the same in either: tile sides (each at least 16, Triton's
+# tl.dot's smallest), warps, and programs (0: one a multiprocessor). The backward holds the whole
+# batch's rows of a, d and dx at once: the Triton twin's fp32 spills on sm_90 at batch 128 with 4
+# warps or BC = 32 (tests/test_persistent.py compiles it offline); at 8 warps a CUDA block's 256
+# threads each hold 8 of dx's 128 x 16 sums.
+DEFAULT = dict(BM=32, BN=32, BK=32, BR=16, BC=16, BL=16, num_warps=8, PROGRAMS=0)
+
+
+def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
     """`default` with `config`'s entries, refused in one line where a twin's kernel has no such
     tunable or cannot build it: tile sides powers of two of at least 16 (Triton's tl.dot's
     smallest; the CUDA twin's threads then divide every tile), 1 to 8 warps a program."""

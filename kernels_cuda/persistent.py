@@ -19,10 +19,6 @@ from kernels_core.persistent import Layout, blocks_per_sm, check_coresident, che
 
 from . import _runtime as rt
 
-# The Triton twin's tunables, so a config means the same in both. 8 warps: a backward block's 256
-# threads each hold 8 of dx's 128 x 16 sums.
-DEFAULT = dict(BM=32, BN=32, BK=32, BR=16, BC=16, BL=16, num_warps=8, PROGRAMS=0)
-
 
 def smem_bytes(cfg: dict, layout: Layout) -> int:
     """Dynamic shared memory of a block: persistent.cu's PersistentSmem<...>::FLOATS, in bytes."""
@@ -71,7 +67,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; y: int64 labels; batches: (epoch's steps, batch)
     int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
-    cfg = resolve_config(config, DEFAULT)
+    cfg = resolve_config(config)
     for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
         rt.check_cuda(name, t)
     dtype = check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)

@@ -46,11 +46,6 @@ from . import _runtime as rt
 from .matmul import _dot
 from .optim import sgd_rule
 
-# Tile sizes (each at least 16: tl.dot's smallest), warps, and programs (0: one a multiprocessor).
-# The backward holds the whole batch's rows of a, d and dx at once: at 4 warps or BC = 32, fp32
-# spills on sm_90 at batch 128 (tests/test_persistent.py compiles it offline).
-DEFAULT = dict(BM=32, BN=32, BK=32, BR=16, BC=16, BL=16, num_warps=8, PROGRAMS=0)
-
 
 @triton.jit
 def grid_barrier(counter_ptr, arrivals):
@@ -271,7 +266,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; batches: (epoch's steps, batch) int64, the
     trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
-    cfg = resolve_config(config, DEFAULT)
+    cfg = resolve_config(config)
     for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
         rt.check_device(name, t)
     check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)

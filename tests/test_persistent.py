@@ -157,7 +157,8 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels_triton.persistent import DEFAULT, _train_kernel
+from kernels_core.persistent import DEFAULT
+from kernels_triton.persistent import _train_kernel
 from kernels_triton.reports import _ptxas_usage
 arch, dt = int(sys.argv[1]), sys.argv[2]
 ptr = "*" + dt

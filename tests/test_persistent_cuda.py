@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from kernels_core.persistent import Layout, check_inputs
+from kernels_core.persistent import DEFAULT, Layout, check_inputs
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
@@ -34,7 +34,7 @@ SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=
 def _smem_asserts() -> str:
     lines = []
     for layout, config in SMEM_CASES:
-        cfg = {**persistent.DEFAULT, **config}
+        cfg = {**DEFAULT, **config}
         targs = ", ".join(str(v) for v in (layout.batch, layout.classes, cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"],
                                            cfg["BC"], cfg["BL"]))
         lines.append(f"static_assert(PersistentSmem<{targs}>::FLOATS * 4 == {persistent.smem_bytes(cfg, layout)}, "
@@ -45,7 +45,7 @@ def _smem_asserts() -> str:
 def _build(tmp_path, arch: int):
     """(ptxas's report by name expression, SASS by name expression) of the default config at the
     protocol's shape with momentum, fp32 and fp16, built from the pasted source."""
-    kernels = {dtype: persistent.variant(dtype, persistent.DEFAULT, PROTOCOL, True, False).name_expr
+    kernels = {dtype: persistent.variant(dtype, DEFAULT, PROTOCOL, True, False).name_expr
                for dtype in ("fp32", "fp16")}
     refs = ",\n".join(f"(void*)&{e}" for e in kernels.values())
     source, cubin = tmp_path / "persistent.cu", tmp_path / "persistent.cubin"
@@ -104,7 +104,7 @@ def test_a_bad_config_is_refused_by_the_shared_rules():
     with pytest.raises(ValueError, match="BM=8, a tile side must be a power of two of at least 16"):
         persistent.plan(*_args(), lr=0.1, config=dict(BM=8))
     with pytest.raises(ValueError, match=re.escape(f"unknown tunables ['BLOCK_M']; the persistent kernel's are "
-                                                   f"{sorted(persistent.DEFAULT)}")):
+                                                   f"{sorted(DEFAULT)}")):
         persistent.plan(*_args(), lr=0.1, config=dict(BLOCK_M=32))
 
 
