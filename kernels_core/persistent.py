@@ -139,6 +139,16 @@ def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
                          "ask for fewer programs")
 
 
+def check_barrier_count(steps: int, layout: Layout, programs: int) -> None:
+    """Refuses, in one line, a launch whose barriers would count past a 32-bit counter: each of its
+    steps' 2 x layers + 2 barriers adds one arrival a program, and a count that wrapped would open a
+    barrier early (a training segment, at most an epoch, stays far below)."""
+    arrivals = steps * (2 * layout.layers + 2) * programs
+    if steps < 0 or arrivals >= 2**31:
+        raise ValueError(f"steps: {steps} in one launch ({arrivals} arrivals at its barriers, past the counter's "
+                         f"2**31); launch fewer steps at a time")
+
+
 @functools.cache
 def _occupancy_fn():
     fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_core.contract import cdiv
-from kernels_core.persistent import Layout, blocks_per_sm, check_coresident, check_inputs, resolve_config
+from kernels_core.persistent import (Layout, blocks_per_sm, check_barrier_count, check_coresident, check_inputs,
+                                     resolve_config)
 
 from . import _runtime as rt
 
@@ -54,6 +55,7 @@ class Plan:
     tensors: tuple  # what the pointers point to, alive as long as the plan
 
     def run(self, steps: int) -> None:
+        check_barrier_count(steps, self.layout, self.programs)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)

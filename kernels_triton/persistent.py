@@ -21,8 +21,11 @@ permutation as rows of B), the labels from y[rows]; the dataset is read in place
 
 Where things live: the weights and momentum buffers in the flat fp32 buffers the trainer keeps
 (L2-resident: 467 KB for H = 128), the activations and gradients in a scratch of B x H a layer.
-Data one program writes and another reads later in the launch is loaded with `.cg` (through L2,
-never a stale L1 line); a program's own rows of W are read and written only by it. The rounding
+What one program writes and another reads later in the launch is seen because of the barrier: its
+acquire poll compiles, on sm_90, to an invalidation of the multiprocessor's L1 (`CCTL.IVALL`), so no
+line cached before the writers' stores survives it. Those loads ask for `.cg` (L2 only) too, but
+Triton's pipeliner turns the ones that feed a dot into `cp.async` copies through L1, so the barrier
+is what holds; a program's own rows of W are read and written only by it. The rounding
 rules are the fused step's: fp32 master weights; in fp16/bf16 the GEMMs read them rounded to the
 dataset's dtype, activations and gradients are stored in it, every product accumulates in fp32;
 in fp32 every product is IEEE (matmul.py's _dot with TF32 = 0).
@@ -40,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_core.persistent import Layout, blocks_per_sm, check_coresident, check_inputs, resolve_config
+from kernels_core.persistent import (Layout, blocks_per_sm, check_barrier_count, check_coresident, check_inputs,
+                                     resolve_config)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -254,6 +258,7 @@ class Plan:
     counter: torch.Tensor
 
     def run(self, steps: int) -> None:
+        check_barrier_count(steps, self.layout, self.programs)
         self.counter.zero_()
         _train_kernel[(self.programs,)](**self.args, steps=steps, num_warps=self.config["num_warps"])
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_core.persistent import Layout, check_coresident
+from kernels_core.persistent import Layout, check_barrier_count, check_coresident
 from kernels_triton import persistent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +105,15 @@ def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd):
     check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd)
 
 
+def test_a_launch_whose_barriers_would_wrap_the_counter_is_refused():
+    layout = Layout(hidden=16, layers=2, batch=16)  # 6 barriers a step
+    check_barrier_count(2**31 // (6 * 132) - 1, layout, 132)
+    with pytest.raises(ValueError, match=r"past the counter's 2\*\*31\); launch fewer steps"):
+        check_barrier_count(2**31 // (6 * 132) + 1, layout, 132)
+    with pytest.raises(ValueError, match="steps: -1"):
+        check_barrier_count(-1, layout, 132)
+
+
 def test_a_grid_that_cannot_all_be_resident_is_refused():
     check_coresident("k", 264, 2, 132)  # fits exactly
     with pytest.raises(ValueError, match="265 programs cannot all be resident.*2 a multiprocessor, 264"):
@@ -173,13 +182,13 @@ for name in constexprs:
 k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
                    target=GPUTarget("cuda", arch, 32), options=dict(num_warps=DEFAULT["num_warps"]))
 regs, spills = _ptxas_usage(k.asm["ptx"])
-print(json.dumps(dict(ptx=k.asm["ptx"], regs=regs, spills=spills)))
+print(json.dumps(dict(ptx=k.asm["ptx"], cubin=k.asm["cubin"].hex(), regs=regs, spills=spills)))
 """
 
 
 @pytest.mark.parametrize("arch,dtype,instruction", [(80, "fp32", None), (90, "fp32", None),
                                                      (80, "fp16", "mma.sync"), (90, "fp16", "wgmma")])
-def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(arch, dtype, instruction):
+def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path, arch, dtype, instruction):
     """The default config at the default protocol's shape (batch 128, H = 128), in a process of its
     own (the interpreter and the compiler cannot share one): ptxas accepts it, nothing spills on
     sm_90 (sm_80 has fewer registers to spare and may), the barrier arrives with a GPU-scope release
@@ -197,6 +206,22 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(arch, dty
     products = {op for op in ops if op.startswith(("mma.", "wgmma."))}
     assert bool(products) == (instruction is not None), products
     assert instruction is None or any(op.startswith(instruction + ".") for op in products), products
+    # What makes another program's writes visible: the pipeliner turns the dots' `.cg` loads into
+    # cp.async copies through L1, so each barrier's acquire poll must invalidate L1 (CCTL.IVALL),
+    # as a relaxed poll would not; 2 x 2 + 2 barriers a step.
+    from tests.test_persistent_cuda import _ops
+    from tests.test_wgmma import _cuobjdump
+
+    if _cuobjdump() is None:
+        return
+    cubin = tmp_path / "persistent.cubin"
+    cubin.write_bytes(bytes.fromhex(out["cubin"]))
+    sass = _ops(subprocess.run([_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout)
+    arrivals = [i for i, op in enumerate(sass) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
+    assert len(arrivals) == 6, len(arrivals)
+    for at, after in zip(arrivals, arrivals[1:] + [len(sass)]):
+        poll = next(i for i in range(at, after) if sass[i] == "LDG.E.STRONG.GPU")
+        assert "CCTL.IVALL" in sass[poll:after], at
 
 
 @pytest.mark.gpu
