@@ -66,6 +66,34 @@ def grid_barrier(counter_ptr, arrivals):
 
 
 @triton.jit
+def _load_a(a_ptr, src, cols, mask, K: tl.constexpr, GATHER: tl.constexpr):
+    """a[src, cols] of a row-major (*, K) a: the dataset's rows (GATHER; read-only, cached as usual)
+    or a phase's output (`.cg`: another program wrote it)."""
+    ptrs = a_ptr + src[:, None].to(tl.int64) * K + cols[None, :]
+    if GATHER:
+        a = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        a = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    return a
+
+
+@triton.jit
+def _linear_tile(a_ptr, src, in_m, w_ptr, b_ptr, offs_n, in_n, N: tl.constexpr, K: tl.constexpr,
+                 GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """(a[src] @ w + b)[:, offs_n] in fp32, a (*, K), w (K, N): a tile of a forward layer or of the
+    logits."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        in_k = offs_k < K
+        a = _load_a(a_ptr, src, offs_k, in_m[:, None] & in_k[None, :], K, GATHER)
+        w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0,
+                    cache_modifier=".cg")
+        acc = _dot(a, w.to(a.dtype), acc, tl.float32, 0)
+    return acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
+
+
+@triton.jit
 def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, M, pid, programs,
              N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -75,24 +103,11 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, M, pid, programs,
         offs_m = (t // tiles_n) * BM + tl.arange(0, BM)
         offs_n = (t % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
-        if GATHER:  # the dataset: read-only, cached as usual
+        if GATHER:
             src = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
         else:
             src = offs_m
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            offs_k = k0 + tl.arange(0, BK)
-            in_k = offs_k < K
-            a_ptrs = a_ptr + src[:, None].to(tl.int64) * K + offs_k[None, :]
-            if GATHER:
-                a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
-            else:
-                a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0, cache_modifier=".cg")
-            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0,
-                        cache_modifier=".cg")
-            acc = _dot(a, w.to(a.dtype), acc, tl.float32, 0)
-        acc += tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
-        acc = tl.maximum(acc, 0.0)
+        acc = tl.maximum(_linear_tile(a_ptr, src, in_m, w_ptr, b_ptr, offs_n, in_n, N, K, GATHER, BM, BN, BK), 0.0)
         tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=in_m[:, None] & in_n[None, :])
 
@@ -107,16 +122,7 @@ def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, slots_ptr, M, inv_m, pid,
     for t in range(pid, tl.cdiv(M, BL), programs):
         offs_m = t * BL + tl.arange(0, BL)
         in_m = offs_m < M
-        acc = tl.zeros((BL, NP), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            offs_k = k0 + tl.arange(0, BK)
-            in_k = offs_k < K
-            a = tl.load(a_ptr + offs_m[:, None] * K + offs_k[None, :], mask=in_m[:, None] & in_k[None, :], other=0.0,
-                        cache_modifier=".cg")
-            w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0,
-                        cache_modifier=".cg")
-            acc = _dot(a, w.to(a.dtype), acc, tl.float32, 0)
-        acc += tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
+        acc = _linear_tile(a_ptr, offs_m, in_m, w_ptr, b_ptr, offs_n, in_n, N, K, False, BL, NP, BK)
         logits = acc.to(d_ptr.dtype.element_ty).to(tl.float32)
         logits = tl.where(in_n[None, :], logits, float("-inf"))
         top = tl.max(logits, axis=1)
@@ -150,11 +156,7 @@ def _backward(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, dx_ptr
     for t in range(pid, tl.cdiv(K, BR), programs):
         offs_r = t * BR + tl.arange(0, BR)
         in_r = offs_r < K
-        a_ptrs = a_ptr + src[:, None].to(tl.int64) * K + offs_r[None, :]
-        if GATHER:
-            a = tl.load(a_ptrs, mask=in_b[:, None] & in_r[None, :], other=0.0)
-        else:
-            a = tl.load(a_ptrs, mask=in_b[:, None] & in_r[None, :], other=0.0, cache_modifier=".cg")
+        a = _load_a(a_ptr, src, offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
         a_t = tl.trans(a)
         dx = tl.zeros((BB, BR), dtype=tl.float32)
         for c0 in range(0, N, BC):
