@@ -82,11 +82,13 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 
 
 # Both twins' tunables, so a config means the same in either: tile sides (each at least 16, Triton's
-# tl.dot's smallest), warps, and programs (0: one a multiprocessor). The backward holds the whole
-# batch's rows of a, d and dx at once: the Triton twin's fp32 spills on sm_90 at batch 128 with 4
-# warps or BC = 32 (tests/test_persistent.py compiles it offline); at 8 warps a CUDA block's 256
-# threads each hold 8 of dx's 128 x 16 sums.
-DEFAULT = dict(BM=32, BN=32, BK=32, BR=16, BC=16, BL=16, num_warps=8, PROGRAMS=0)
+# tl.dot's smallest), warps, programs (0: one a multiprocessor), and the first layer's split of its
+# K = 784 into SPLIT_K slices. BM x BN: a tile of a layer's output and of a layer's input gradient,
+# BK the k-step of their products and the batch's step in a weight gradient; BR x BC: a tile of
+# weights a program updates; BL: the loss's rows a program. Every phase hands its tiles out over the
+# whole grid, so a tile's size trades the number of tiles (at most one a program is best) against
+# each tile's chain of k-steps.
+DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
 
 
 def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
@@ -105,6 +107,8 @@ def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
         raise ValueError(f"config: num_warps={cfg['num_warps']}, not 1, 2, 4 or 8")
     if cfg["PROGRAMS"] < 0:
         raise ValueError(f"config: PROGRAMS={cfg['PROGRAMS']}, 0 (one a multiprocessor) or a count")
+    if cfg["SPLIT_K"] < 1:
+        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']}, the first layer's slices: at least 1")
     return cfg
 
 
@@ -139,11 +143,18 @@ def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
                          "ask for fewer programs")
 
 
-def check_barrier_count(steps: int, layout: Layout, programs: int) -> None:
+def barriers_per_step(layers: int, split_k: int) -> int:
+    """Grid barriers of one step, one after each phase: each layer's forward (and with split_k > 1
+    the first layer's sum of its slices), the loss with the last layer's input gradient, each
+    hidden layer's input gradient beside the next layer's update, the first two layers' updates."""
+    return 2 * layers + 1 + (split_k > 1)
+
+
+def check_barrier_count(steps: int, barriers: int, programs: int) -> None:
     """Refuses, in one line, a launch whose barriers would count past a 32-bit counter: each of its
-    steps' 2 x layers + 2 barriers adds one arrival a program, and a count that wrapped would open a
-    barrier early (a training segment, at most an epoch, stays far below)."""
-    arrivals = steps * (2 * layout.layers + 2) * programs
+    steps' `barriers` adds one arrival a program, and a count that wrapped would open a barrier
+    early (a training segment, at most an epoch, stays far below)."""
+    arrivals = steps * barriers * programs
     if steps < 0 or arrivals >= 2**31:
         raise ValueError(f"steps: {steps} in one launch ({arrivals} arrivals at its barriers, past the counter's "
                          f"2**31); launch fewer steps at a time")

@@ -327,7 +327,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
 }
 
 #ifdef STANDALONE
-// The default config (kernels_cuda/persistent.py: DEFAULT) at the default protocol's shape, with
+// The default config (kernels_cuda/persistent.py: CUDA_DEFAULT) at the default protocol's shape, with
 // momentum, instantiated for the build line at the top.
 void* const standalone_kernels[] = {
     (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 16, 16, 16, 256, 1, 0>,

@@ -1,12 +1,17 @@
 """Many training steps of the MLP in one launch: the CUDA twin of kernels_triton/persistent.py
-(whose docstring has the why and the algorithm), on persistent.cu's train_steps.
+(whose docstring has the why), on persistent.cu's train_steps.
 
 The Triton twin's plan, scratch and refusals (kernels_core/persistent.py), one block of
-32 x num_warps threads a program, and two refusals of its own: labels other than int64 (the
-kernel reads 8-byte labels), and a batch whose phases need more shared memory than the GPU gives
-a block (the backward holds a block's columns of the whole batch's activations). The products are
-FMAs on the CUDA cores (persistent.cu's header: the rounding, the phases, what each reads and
+32 x num_warps threads a program, and refusals of its own: labels other than int64 (the kernel
+reads 8-byte labels), a batch whose phases need more shared memory than the GPU gives a block (the
+backward holds a block's columns of the whole batch's activations), and SPLIT_K > 1. The products
+are FMAs on the CUDA cores (persistent.cu's header: the rounding, the phases, what each reads and
 writes).
+
+Its backward is the Triton twin's earlier one: a block owns BR rows of a layer's weights and walks
+their columns BC at a time, input gradient then update, one phase a layer (2 x layers + 2 barriers
+a step), where the Triton twin hands out tiles of both over the grid. So BR and BC mean rows owned
+and a column step here, and take their own defaults.
 """
 from __future__ import annotations
 
@@ -15,10 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from kernels_core.contract import cdiv
-from kernels_core.persistent import (Layout, blocks_per_sm, check_barrier_count, check_coresident, check_inputs,
-                                     resolve_config)
+from kernels_core.persistent import (DEFAULT, Layout, blocks_per_sm, check_barrier_count, check_coresident,
+                                     check_inputs, resolve_config)
 
 from . import _runtime as rt
+
+
+# The backward's rows owned and column step: 16 x 16 keeps 49 blocks on the first layer's 784 rows.
+CUDA_DEFAULT = {**DEFAULT, "BR": 16, "BC": 16}
 
 
 def smem_bytes(cfg: dict, layout: Layout) -> int:
@@ -55,7 +64,7 @@ class Plan:
     tensors: tuple  # what the pointers point to, alive as long as the plan
 
     def run(self, steps: int) -> None:
-        check_barrier_count(steps, self.layout, self.programs)
+        check_barrier_count(steps, 2 * self.layout.layers + 2, self.programs)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)
@@ -69,7 +78,9 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; y: int64 labels; batches: (epoch's steps, batch)
     int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
-    cfg = resolve_config(config)
+    cfg = resolve_config(config, CUDA_DEFAULT)
+    if cfg["SPLIT_K"] != 1:
+        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']}; this twin's first layer runs in one piece (SPLIT_K=1)")
     for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
         rt.check_cuda(name, t)
     dtype = check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)

@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_core.persistent import (Layout, blocks_per_sm, check_barrier_count, check_coresident, check_inputs,
-                                     resolve_config)
+from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
+                                     check_inputs, resolve_config)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -78,51 +78,81 @@ def _load_a(a_ptr, src, cols, mask, K: tl.constexpr, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _linear_tile(a_ptr, src, in_m, w_ptr, b_ptr, offs_n, in_n, N: tl.constexpr, K: tl.constexpr,
-                 GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """(a[src] @ w + b)[:, offs_n] in fp32, a (*, K), w (K, N): a tile of a forward layer or of the
-    logits."""
+def _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
+                  GATHER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """(a[src] @ w)[:, offs_n] over the k in [k_lo, min(k_hi, K)), in fp32: a (*, K), w (K, N)."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         offs_k = k0 + tl.arange(0, BK)
         in_k = offs_k < K
         a = _load_a(a_ptr, src, offs_k, in_m[:, None] & in_k[None, :], K, GATHER)
         w = tl.load(w_ptr + offs_k[:, None] * N + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0,
                     cache_modifier=".cg")
         acc = _dot(a, w.to(a.dtype), acc, tl.float32, 0)
-    return acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
+    return acc
 
 
 @triton.jit
 def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, M, pid, programs,
-             N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr,
+             N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr, K_EACH: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N)."""
+    """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N), in BM x BN
+    tiles. SPLIT > 1: tile t's slice s of K_EACH k's sums into out's fp32 partial s (SPLIT x M x N),
+    and _split_sum finishes the layer after a barrier."""
     tiles_n = tl.cdiv(N, BN)
-    for t in range(pid, tl.cdiv(M, BM) * tiles_n, programs):
-        offs_m = (t // tiles_n) * BM + tl.arange(0, BM)
-        offs_n = (t % tiles_n) * BN + tl.arange(0, BN)
+    tiles = tl.cdiv(M, BM) * tiles_n
+    for t in range(pid, tiles * SPLIT, programs):
+        s = t // tiles
+        tile = t % tiles
+        offs_m = (tile // tiles_n) * BM + tl.arange(0, BM)
+        offs_n = (tile % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
         if GATHER:
             src = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
         else:
             src = offs_m
-        acc = tl.maximum(_linear_tile(a_ptr, src, in_m, w_ptr, b_ptr, offs_n, in_n, N, K, GATHER, BM, BN, BK), 0.0)
-        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=in_m[:, None] & in_n[None, :])
+        acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
+                            BM, BN, BK)
+        out = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+        if SPLIT == 1:
+            acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+        else:
+            tl.store(out + s * M * N, acc, mask=in_m[:, None] & in_n[None, :])
 
 
 @triton.jit
-def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, slots_ptr, M, inv_m, pid, programs,
-          N: tl.constexpr, K: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, NP: tl.constexpr):
-    """logits = a @ w + b (rounded to a's dtype, as the fused step stores them), then d = (softmax
-    - onehot(y[rows])) / M in a's dtype, and each block of BL rows' summed loss into its slot."""
+def _split_sum(part_ptr, b_ptr, out_ptr, M, pid, programs, N: tl.constexpr, SPLIT: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr):
+    """out = relu(the SPLIT fp32 partials, summed in order, + b): the first layer's split product."""
+    tiles_n = tl.cdiv(N, BN)
+    for t in range(pid, tl.cdiv(M, BM) * tiles_n, programs):
+        offs_m = (t // tiles_n) * BM + tl.arange(0, BM)
+        offs_n = (t % tiles_n) * BN + tl.arange(0, BN)
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        at = offs_m[:, None] * N + offs_n[None, :]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
+        acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0, cache_modifier=".cg")[None, :], 0.0)
+        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, dx_ptr, slots_ptr, M, inv_m, pid, programs,
+          N: tl.constexpr, K: tl.constexpr, BL: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          NP: tl.constexpr):
+    """logits = a @ w + b (rounded to a's dtype, as the fused step stores them), d = (softmax -
+    onehot(y[rows])) / M in a's dtype, and each block of BL rows' summed loss into its slot; then
+    the same rows' input gradient dx = (d @ w^T) * (a > 0), BN of a's K columns at a time: a row
+    block's d is whole in the program that made it, so the last layer's dx needs no barrier."""
     offs_n = tl.arange(0, NP)
     in_n = offs_n < N
     for t in range(pid, tl.cdiv(M, BL), programs):
         offs_m = t * BL + tl.arange(0, BL)
         in_m = offs_m < M
-        acc = _linear_tile(a_ptr, offs_m, in_m, w_ptr, b_ptr, offs_n, in_n, N, K, False, BL, NP, BK)
+        acc = _tile_product(a_ptr, offs_m, in_m, w_ptr, offs_n, in_n, 0, K, N, K, False, BL, NP, BK)
+        acc += tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
         logits = acc.to(d_ptr.dtype.element_ty).to(tl.float32)
         logits = tl.where(in_n[None, :], logits, float("-inf"))
         top = tl.max(logits, axis=1)
@@ -132,87 +162,120 @@ def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, slots_ptr, M, inv_m, pid,
         label = tl.load(y_ptr + rows, mask=in_m, other=0)
         hit = offs_n[None, :] == label[:, None]
         loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
-        d = (e / total[:, None] - tl.where(hit, 1.0, 0.0)) * inv_m
-        tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d.to(d_ptr.dtype.element_ty),
-                 mask=in_m[:, None] & in_n[None, :])
+        d = ((e / total[:, None] - tl.where(hit, 1.0, 0.0)) * inv_m).to(d_ptr.dtype.element_ty)
+        tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d, mask=in_m[:, None] & in_n[None, :])
         tl.store(slots_ptr + t, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
+        for k0 in range(0, K, BN):
+            offs_k = k0 + tl.arange(0, BN)
+            in_k = offs_k < K
+            w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
+                          other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
+            dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
+            a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
+            tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
+                     mask=in_m[:, None] & in_k[None, :])
 
 
 @triton.jit
-def _backward(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, dx_ptr, M, lr, momentum, weight_decay,
-              pid, programs, K: tl.constexpr, N: tl.constexpr, GATHER: tl.constexpr, DX: tl.constexpr,
-              BB: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-              HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr):
-    """For the layer a (M, K) -> (M, N) with weights w (K, N) and output gradient d (M, N): DX,
-    dx = (d @ w^T) * (a > 0) (its input's gradient through the relu that made a); then SGD on w
-    with a^T @ d and on b with d's column sums. A program owns BR rows of w: it reads each BC
-    columns of them for dx before it updates them."""
-    offs_b = tl.arange(0, BB)
-    in_b = offs_b < M
-    if GATHER:
-        src = tl.load(rows_ptr + offs_b, mask=in_b, other=0)
-    else:
-        src = offs_b
-    for t in range(pid, tl.cdiv(K, BR), programs):
-        offs_r = t * BR + tl.arange(0, BR)
-        in_r = offs_r < K
+def _input_grad(d_ptr, w_ptr, a_ptr, dx_ptr, t, M, K: tl.constexpr, N: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Tile t (BM x BN) of a layer's input gradient dx = (d @ w^T) * (a > 0): d (M, N) its output's
+    gradient, w (K, N) its weights (before this step's update), a (M, K) its input, dx (M, K)."""
+    tiles_k = tl.cdiv(K, BN)
+    offs_m = (t // tiles_k) * BM + tl.arange(0, BM)
+    offs_k = (t % tiles_k) * BN + tl.arange(0, BN)
+    in_m, in_k = offs_m < M, offs_k < K
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for n0 in range(0, N, BK):
+        offs_n = n0 + tl.arange(0, BK)
+        in_n = offs_n < N
+        d = tl.load(d_ptr + offs_m[:, None] * N + offs_n[None, :], mask=in_m[:, None] & in_n[None, :], other=0.0,
+                    cache_modifier=".cg")
+        w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :], other=0.0,
+                      cache_modifier=".cg")  # (BK, BN): w's rows offs_k, transposed
+        acc = _dot(d, w_t.to(d.dtype), acc, tl.float32, 0)
+    a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
+    tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, acc, 0.0).to(dx_ptr.dtype.element_ty),
+             mask=in_m[:, None] & in_k[None, :])
+
+
+@triton.jit
+def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr, momentum, weight_decay,
+            K: tl.constexpr, N: tl.constexpr, GATHER: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+            BK: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr):
+    """Tile t (BR x BC) of a layer's weights w (K, N) takes its SGD step (optim.py's sgd_rule) with
+    the gradient a^T @ d, the batch BK rows at a time: a (M, K) the layer's input (GATHER: rows of
+    the dataset), d (M, N) its output's gradient; the tiles of row block 0 update b with d's column
+    sums."""
+    tiles_c = tl.cdiv(N, BC)
+    block = t // tiles_c
+    offs_r = block * BR + tl.arange(0, BR)
+    offs_c = (t % tiles_c) * BC + tl.arange(0, BC)
+    in_r, in_c = offs_r < K, offs_c < N
+    g = tl.zeros((BR, BC), dtype=tl.float32)
+    gb = tl.zeros((BC,), dtype=tl.float32)
+    for b0 in range(0, M, BK):
+        offs_b = b0 + tl.arange(0, BK)
+        in_b = offs_b < M
+        if GATHER:
+            src = tl.load(rows_ptr + offs_b, mask=in_b, other=0)
+        else:
+            src = offs_b
         a = _load_a(a_ptr, src, offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
-        a_t = tl.trans(a)
-        dx = tl.zeros((BB, BR), dtype=tl.float32)
-        for c0 in range(0, N, BC):
-            offs_c = c0 + tl.arange(0, BC)
-            in_c = offs_c < N
-            d = tl.load(d_ptr + offs_b[:, None] * N + offs_c[None, :], mask=in_b[:, None] & in_c[None, :], other=0.0,
-                        cache_modifier=".cg")
-            w_ptrs = w_ptr + offs_r[:, None] * N + offs_c[None, :]
-            in_w = in_r[:, None] & in_c[None, :]
-            if DX:
-                w = tl.load(w_ptrs, mask=in_w, other=0.0)  # this program's own rows: before its update
-                dx = _dot(d, tl.trans(w.to(d.dtype)), dx, tl.float32, 0)
-            g = _dot(a_t, d, tl.zeros((BR, BC), dtype=tl.float32), tl.float32, 0)
-            sgd_rule(g, w_ptrs, w_buf_ptr + offs_r[:, None] * N + offs_c[None, :], w_ptrs, in_w, lr, momentum,
-                     weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
-            if t == 0:  # the bias's owner
-                gb = tl.sum(d.to(tl.float32), axis=0)
-                sgd_rule(gb, b_ptr + offs_c, b_buf_ptr + offs_c, b_ptr + offs_c, in_c, lr, momentum, weight_decay,
-                         HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
-        if DX:
-            dx = tl.where(a > 0, dx, 0.0)
-            tl.store(dx_ptr + offs_b[:, None] * K + offs_r[None, :], dx.to(dx_ptr.dtype.element_ty),
-                     mask=in_b[:, None] & in_r[None, :])
+        d = tl.load(d_ptr + offs_b[:, None] * N + offs_c[None, :], mask=in_b[:, None] & in_c[None, :], other=0.0,
+                    cache_modifier=".cg")
+        g = _dot(tl.trans(a), d, g, tl.float32, 0)
+        if block == 0:
+            gb += tl.sum(d.to(tl.float32), axis=0)
+    w_ptrs = w_ptr + offs_r[:, None] * N + offs_c[None, :]
+    sgd_rule(g, w_ptrs, w_buf_ptr + offs_r[:, None] * N + offs_c[None, :], w_ptrs, in_r[:, None] & in_c[None, :], lr,
+             momentum, weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
+    if block == 0:
+        sgd_rule(gb, b_ptr + offs_c, b_buf_ptr + offs_c, b_ptr + offs_c, in_c, lr, momentum, weight_decay,
+                 HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
 
 
 @triton.jit(do_not_specialize=["steps", "epoch_steps"])  # one compile for every segment
 def _train_kernel(
-    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, slots_ptr, losses_ptr, counter_ptr, pos_ptr,
-    steps, epoch_steps, lr, momentum, weight_decay, inv_m,
+    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, slots_ptr, losses_ptr, counter_ptr,
+    pos_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
-    BB: tl.constexpr, NP: tl.constexpr, HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
+    NP: tl.constexpr, SPLIT_K: tl.constexpr, K_EACH: tl.constexpr,
+    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
 ):
     """`steps` steps from the epoch's slot *pos_ptr on (wrapping at epoch_steps), then *pos_ptr +=
     steps (the module docstring)."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     first = tl.load(pos_ptr)
-    w0, b0 = 0, IN * H  # Layout.offsets: W_0, b_0, then (H x H + H) a hidden layer, then W_L, b_L
-    w_last = IN * H + H + (LAYERS - 1) * (H * H + H)
-    b_last = w_last + H * OUT
-    d_last = grads_ptr + LAYERS * M * H
+    MH: tl.constexpr = M * H
+    W1: tl.constexpr = IN * H + H  # Layout.offsets: W_0, b_0, then (H x H + H) a hidden layer, then W_L, b_L
+    N1: tl.constexpr = OUT if LAYERS == 1 else H  # W_1's columns
+    d_last = grads_ptr + LAYERS * MH
     arrivals = 0
     for step in range(steps):
         s = (first + step) % epoch_steps
         rows = batches_ptr + s * M
-        _forward(x_ptr, rows, p_ptr + w0, p_ptr + b0, acts_ptr, M, pid, programs, H, IN, True, BM, BN, BK)
+        if SPLIT_K == 1:
+            _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, IN, True, 1, K_EACH,
+                     BM, BN, BK)
+        else:
+            _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, part_ptr, M, pid, programs, H, IN, True, SPLIT_K, K_EACH,
+                     BM, BN, BK)
+            arrivals += programs
+            grid_barrier(counter_ptr, arrivals)
+            _split_sum(part_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, SPLIT_K, BM, BN)
         arrivals += programs
         grid_barrier(counter_ptr, arrivals)
         for l in tl.static_range(1, LAYERS):
-            w = IN * H + H + (l - 1) * (H * H + H)
-            _forward(acts_ptr + (l - 1) * M * H, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * M * H, M, pid,
-                     programs, H, H, False, BM, BN, BK)
+            w = W1 + (l - 1) * (H * H + H)
+            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, M, pid,
+                     programs, H, H, False, 1, H, BM, BN, BK)
             arrivals += programs
             grid_barrier(counter_ptr, arrivals)
-        _loss(acts_ptr + (LAYERS - 1) * M * H, p_ptr + w_last, p_ptr + b_last, y_ptr, rows, d_last, slots_ptr, M,
-              inv_m, pid, programs, OUT, H, BL, BK, NP)
+        w_last = W1 + (LAYERS - 1) * (H * H + H)
+        _loss(acts_ptr + (LAYERS - 1) * MH, p_ptr + w_last, p_ptr + w_last + H * OUT, y_ptr, rows, d_last,
+              grads_ptr + (LAYERS - 1) * MH, slots_ptr, M, inv_m, pid, programs, OUT, H, BL, BN, BK, NP)
         arrivals += programs
         grid_barrier(counter_ptr, arrivals)
         if pid == 0:  # the step's loss: the row blocks' sums in slot order
@@ -220,31 +283,35 @@ def _train_kernel(
             for i in range(tl.cdiv(M, BL)):
                 total += tl.load(slots_ptr + i, cache_modifier=".cg")
             tl.store(losses_ptr + s, total * inv_m)
-        _backward(acts_ptr + (LAYERS - 1) * M * H, rows, d_last, p_ptr + w_last, p_ptr + b_last, buf_ptr + w_last,
-                  buf_ptr + b_last, grads_ptr + (LAYERS - 1) * M * H, M, lr, momentum, weight_decay, pid, programs,
-                  H, OUT, False, True, BB, BR, BC, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
-        arrivals += programs
-        grid_barrier(counter_ptr, arrivals)
         for i in tl.static_range(1, LAYERS):
-            l = LAYERS - i  # hidden layers, last first: W_l (H, H) between A_l and A_{l+1}
-            w = IN * H + H + (l - 1) * (H * H + H)
-            _backward(acts_ptr + (l - 1) * M * H, rows, grads_ptr + l * M * H, p_ptr + w, p_ptr + w + H * H,
-                      buf_ptr + w, buf_ptr + w + H * H, grads_ptr + (l - 1) * M * H, M, lr, momentum, weight_decay,
-                      pid, programs, H, H, False, True, BB, BR, BC, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
+            l = LAYERS - i  # dx through W_l (H, H), and W_{l+1}'s update
+            w = W1 + (l - 1) * (H * H + H)
+            nxt = w + H * H + H
+            n_next = OUT if l + 1 == LAYERS else H
+            dx_tiles = tl.cdiv(M, BM) * tl.cdiv(H, BN)
+            for t in range(pid, dx_tiles + tl.cdiv(H, BR) * tl.cdiv(n_next, BC), programs):
+                if t < dx_tiles:
+                    _input_grad(grads_ptr + l * MH, p_ptr + w, acts_ptr + (l - 1) * MH, grads_ptr + (l - 1) * MH, t,
+                                M, H, H, BM, BN, BK)
+                else:
+                    _update(acts_ptr + l * MH, rows, grads_ptr + (l + 1) * MH, p_ptr + nxt, p_ptr + nxt + H * n_next,
+                            buf_ptr + nxt, buf_ptr + nxt + H * n_next, t - dx_tiles, M, lr, momentum, weight_decay,
+                            H, n_next, False, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
             arrivals += programs
             grid_barrier(counter_ptr, arrivals)
-        _backward(x_ptr, rows, grads_ptr, p_ptr + w0, p_ptr + b0, buf_ptr + w0, buf_ptr + b0, grads_ptr, M, lr,
-                  momentum, weight_decay, pid, programs, IN, H, True, False, BB, BR, BC, HAS_MOMENTUM,
-                  HAS_WEIGHT_DECAY)
+        first_tiles = tl.cdiv(H, BR) * tl.cdiv(N1, BC)  # W_1's, then W_0's
+        for t in range(pid, first_tiles + tl.cdiv(IN, BR) * tl.cdiv(H, BC), programs):
+            if t < first_tiles:
+                _update(acts_ptr, rows, grads_ptr + MH, p_ptr + W1, p_ptr + W1 + H * N1, buf_ptr + W1,
+                        buf_ptr + W1 + H * N1, t, M, lr, momentum, weight_decay, H, N1, False, BR, BC, BK,
+                        HAS_MOMENTUM, HAS_WEIGHT_DECAY)
+            else:
+                _update(x_ptr, rows, grads_ptr, p_ptr, p_ptr + IN * H, buf_ptr, buf_ptr + IN * H, t - first_tiles, M,
+                        lr, momentum, weight_decay, IN, H, True, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
         arrivals += programs
         grid_barrier(counter_ptr, arrivals)
     if pid == 0:  # every program read the position before the first barrier
         tl.store(pos_ptr, first + steps)
-
-
-def barriers_per_step(layers: int) -> int:
-    """Grid barriers of one step: one after each phase (the module docstring)."""
-    return 2 * layers + 2
 
 
 @dataclass
@@ -260,7 +327,7 @@ class Plan:
     counter: torch.Tensor
 
     def run(self, steps: int) -> None:
-        check_barrier_count(steps, self.layout, self.programs)
+        check_barrier_count(steps, barriers_per_step(self.layout.layers, self.config["SPLIT_K"]), self.programs)
         self.counter.zero_()
         _train_kernel[(self.programs,)](**self.args, steps=steps, num_warps=self.config["num_warps"])
 
@@ -281,16 +348,15 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     programs = _programs(cfg, layout, device)
     m, h = layout.batch, layout.hidden
     counter = torch.zeros(1, dtype=torch.int32, device=device)
+    split = cfg["SPLIT_K"]
     args = dict(
         x_ptr=x, y_ptr=y, batches_ptr=batches, p_ptr=params, buf_ptr=bufs if momentum else params,
         acts_ptr=torch.empty(layout.activation_elems, dtype=x.dtype, device=device),
         grads_ptr=torch.empty(layout.gradient_elems, dtype=x.dtype, device=device),
+        part_ptr=torch.empty(split * m * h if split > 1 else 1, dtype=torch.float32, device=device),
         slots_ptr=torch.empty(triton.cdiv(m, cfg["BL"]), dtype=torch.float32, device=device),
-        losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, epoch_steps=batches.shape[0], lr=lr, momentum=momentum, weight_decay=weight_decay, inv_m=1.0 / m,
-        M=m, IN=layout.inputs, H=h, OUT=layout.classes, LAYERS=layout.layers,
-        BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], BR=cfg["BR"], BC=cfg["BC"], BL=cfg["BL"],
-        BB=max(16, triton.next_power_of_2(m)), NP=max(16, triton.next_power_of_2(layout.classes)),
-        HAS_MOMENTUM=bool(momentum), HAS_WEIGHT_DECAY=bool(weight_decay),
+        losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, epoch_steps=batches.shape[0], lr=lr, momentum=momentum,
+        weight_decay=weight_decay, inv_m=1.0 / m, **constants(layout, cfg, bool(momentum), bool(weight_decay)),
     )
     p = Plan(layout, cfg, programs, args, counter)
     if device.type == "cuda":
@@ -299,6 +365,15 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
         per_sm = blocks_per_sm(compiled.function, 32 * cfg["num_warps"], compiled.metadata.shared)
         check_coresident("persistent kernel", programs, per_sm, torch.cuda.get_device_properties(device).multi_processor_count)
     return p
+
+
+def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool) -> dict:
+    """The kernel's compile-time arguments for a model and a resolved config."""
+    tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BC", "BL", "SPLIT_K")}
+    return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
+                NP=max(16, triton.next_power_of_2(layout.classes)),
+                K_EACH=triton.cdiv(triton.cdiv(layout.inputs, cfg["SPLIT_K"]), cfg["BK"]) * cfg["BK"],
+                HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay)
 
 
 def _programs(cfg: dict, layout: Layout, device: torch.device) -> int:

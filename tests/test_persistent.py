@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_core.persistent import Layout, check_barrier_count, check_coresident
+from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_barrier_count, check_coresident
 from kernels_triton import persistent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,9 +86,14 @@ CPU_CASES = [  # irregular sides: none a multiple of a tile
 ]
 
 
+# Configs for those cases: the default's tiles (one or two a phase at these sides); tiles of 16, so
+# every phase has several, and the first layer's K in 3 slices; K in 2 slices.
+CPU_CONFIGS = [{}, dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=3), dict(BR=16, SPLIT_K=2)]
+
+
 @pytest.mark.timeout(120)  # a barrier that never opens spins: fail, not hang
-@pytest.mark.parametrize("dtype,layout,sgd", CPU_CASES)
-def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd):
+@pytest.mark.parametrize("dtype,layout,sgd,config", [(*case, config) for case, config in zip(CPU_CASES, CPU_CONFIGS)])
+def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd, config):
     if torch.cuda.is_available():
         pytest.skip("the interpreter's run; the GPU's is test_the_full_grid_tracks_float64_and_repeats_its_bits")
     images, steps = 4 * layout.batch, 5
@@ -98,7 +103,8 @@ def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd):
     p0 = torch.randn(layout.numel) * 0.2
     params, bufs, losses = p0.clone(), torch.zeros_like(p0), torch.zeros(steps)
     pos = torch.zeros((), dtype=torch.int64)
-    plan = persistent.plan(x, y, batches, pos, params, bufs if sgd["momentum"] else None, losses, layout, **sgd)
+    plan = persistent.plan(x, y, batches, pos, params, bufs if sgd["momentum"] else None, losses, layout, **sgd,
+                           config=config)
     plan.run(2)
     plan.run(steps - 2)  # a second segment goes on from the first's weights, momentum and position
     assert pos.item() == steps
@@ -106,12 +112,12 @@ def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd):
 
 
 def test_a_launch_whose_barriers_would_wrap_the_counter_is_refused():
-    layout = Layout(hidden=16, layers=2, batch=16)  # 6 barriers a step
-    check_barrier_count(2**31 // (6 * 132) - 1, layout, 132)
+    assert barriers_per_step(2, 1) == 5 and barriers_per_step(3, 4) == 8
+    check_barrier_count(2**31 // (5 * 132) - 1, 5, 132)
     with pytest.raises(ValueError, match=r"past the counter's 2\*\*31\); launch fewer steps"):
-        check_barrier_count(2**31 // (6 * 132) + 1, layout, 132)
+        check_barrier_count(2**31 // (5 * 132) + 1, 5, 132)
     with pytest.raises(ValueError, match="steps: -1"):
-        check_barrier_count(-1, layout, 132)
+        check_barrier_count(-1, 5, 132)
 
 
 def test_a_grid_that_cannot_all_be_resident_is_refused():
@@ -133,6 +139,7 @@ def _args(layout=Layout(hidden=16, layers=1, batch=16, inputs=16)):
     (dict(BC=48), "BC=48"),
     (dict(num_warps=3), "num_warps=3"),
     (dict(PROGRAMS=-1), "PROGRAMS=-1"),
+    (dict(SPLIT_K=0), "SPLIT_K=0, the first layer's slices: at least 1"),
     (dict(BLOCK_M=32), "unknown tunables"),
 ])
 def test_a_bad_config_is_refused_in_one_line(config, message):
@@ -166,17 +173,16 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels_core.persistent import DEFAULT
-from kernels_triton.persistent import _train_kernel
+from kernels_core.persistent import DEFAULT, Layout
+from kernels_triton.persistent import _train_kernel, constants
 from kernels_triton.reports import _ptxas_usage
 arch, dt = int(sys.argv[1]), sys.argv[2]
 ptr = "*" + dt
 signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp32", "buf_ptr": "*fp32",
-             "acts_ptr": ptr, "grads_ptr": ptr, "slots_ptr": "*fp32", "losses_ptr": "*fp32", "counter_ptr": "*i32",
-             "pos_ptr": "*i64", "steps": "i32", "epoch_steps": "i32", "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
-tiles = {k: v for k, v in DEFAULT.items() if k not in ("num_warps", "PROGRAMS")}
-constexprs = dict(M=128, IN=784, H=128, OUT=10, LAYERS=2, BB=128, NP=16, HAS_MOMENTUM=True, HAS_WEIGHT_DECAY=False,
-                  **tiles)
+             "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "slots_ptr": "*fp32", "losses_ptr": "*fp32",
+             "counter_ptr": "*i32", "pos_ptr": "*i64", "steps": "i32", "epoch_steps": "i32", "lr": "fp32",
+             "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
+constexprs = constants(Layout(hidden=128, layers=2, batch=128), DEFAULT, True, False)
 for name in constexprs:
     signature[name] = "constexpr"
 k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
@@ -187,13 +193,13 @@ print(json.dumps(dict(ptx=k.asm["ptx"], cubin=k.asm["cubin"].hex(), regs=regs, s
 
 
 @pytest.mark.parametrize("arch,dtype,instruction", [(80, "fp32", None), (90, "fp32", None),
-                                                     (80, "fp16", "mma.sync"), (90, "fp16", "wgmma")])
+                                                     (80, "fp16", "mma.sync"), (90, "fp16", "mma.sync")])
 def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path, arch, dtype, instruction):
     """The default config at the default protocol's shape (batch 128, H = 128), in a process of its
     own (the interpreter and the compiler cannot share one): ptxas accepts it, nothing spills on
     sm_90 (sm_80 has fewer registers to spare and may), the barrier arrives with a GPU-scope release
     and polls with a GPU-scope acquire, and fp16 products run on tensor cores while fp32 ones stay
-    IEEE on the FMA units."""
+    IEEE on the FMA units (on sm_90 too: tiles of 32 rows are under wgmma's 64 a warpgroup)."""
     import json
 
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
@@ -208,7 +214,7 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     assert instruction is None or any(op.startswith(instruction + ".") for op in products), products
     # What makes another program's writes visible: the pipeliner turns the dots' `.cg` loads into
     # cp.async copies through L1, so each barrier's acquire poll must invalidate L1 (CCTL.IVALL),
-    # as a relaxed poll would not; 2 x 2 + 2 barriers a step.
+    # as a relaxed poll would not; one barrier a phase.
     from tests.test_persistent_cuda import _ops
     from tests.test_wgmma import _cuobjdump
 
@@ -218,7 +224,7 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     cubin.write_bytes(bytes.fromhex(out["cubin"]))
     sass = _ops(subprocess.run([_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout)
     arrivals = [i for i, op in enumerate(sass) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
-    assert len(arrivals) == 6, len(arrivals)
+    assert len(arrivals) == barriers_per_step(2, DEFAULT["SPLIT_K"]), len(arrivals)
     for at, after in zip(arrivals, arrivals[1:] + [len(sass)]):
         poll = next(i for i in range(at, after) if sass[i] == "LDG.E.STRONG.GPU")
         assert "CCTL.IVALL" in sass[poll:after], at

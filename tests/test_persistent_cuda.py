@@ -34,7 +34,7 @@ SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=
 def _smem_asserts() -> str:
     lines = []
     for layout, config in SMEM_CASES:
-        cfg = {**DEFAULT, **config}
+        cfg = {**persistent.CUDA_DEFAULT, **config}
         targs = ", ".join(str(v) for v in (layout.batch, layout.classes, cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"],
                                            cfg["BC"], cfg["BL"]))
         lines.append(f"static_assert(PersistentSmem<{targs}>::FLOATS * 4 == {persistent.smem_bytes(cfg, layout)}, "
@@ -45,7 +45,7 @@ def _smem_asserts() -> str:
 def _build(tmp_path, arch: int):
     """(ptxas's report by name expression, SASS by name expression) of the default config at the
     protocol's shape with momentum, fp32 and fp16, built from the pasted source."""
-    kernels = {dtype: persistent.variant(dtype, DEFAULT, PROTOCOL, True, False).name_expr
+    kernels = {dtype: persistent.variant(dtype, persistent.CUDA_DEFAULT, PROTOCOL, True, False).name_expr
                for dtype in ("fp32", "fp16")}
     refs = ",\n".join(f"(void*)&{e}" for e in kernels.values())
     source, cubin = tmp_path / "persistent.cu", tmp_path / "persistent.cubin"
@@ -106,6 +106,8 @@ def test_a_bad_config_is_refused_by_the_shared_rules():
     with pytest.raises(ValueError, match=re.escape(f"unknown tunables ['BLOCK_M']; the persistent kernel's are "
                                                    f"{sorted(DEFAULT)}")):
         persistent.plan(*_args(), lr=0.1, config=dict(BLOCK_M=32))
+    with pytest.raises(ValueError, match="SPLIT_K=2; this twin's first layer runs in one piece"):
+        persistent.plan(*_args(), lr=0.1, config=dict(SPLIT_K=2))
 
 
 def test_a_cpu_tensor_is_refused_in_one_line():
