@@ -34,11 +34,13 @@ from kernels_core.persistent import DEFAULT
 CONFIGS = {  # name: what it changes from DEFAULT
     "default": {},
     "tiles16": dict(BM=16, BN=16),
-    "tiles16x32": dict(BM=16, BN=32, BK=64),
+    "updates16": dict(BR=16, BC=16),
+    "updates64x32": dict(BR=64, BC=32),
+    "split2": dict(SPLIT_K=2),
+    "split4": dict(SPLIT_K=4),
+    "tiles16-split4": dict(BM=16, BN=16, SPLIT_K=4),
     "warps4": dict(num_warps=4),
-    "rows32": dict(BR=32),
     "programs64": dict(PROGRAMS=64),
-    "programs32": dict(PROGRAMS=32),
 }
 CHECK_STEPS = 5
 BAR = {"fp32": 1e-4, "fp16": 1e-2}

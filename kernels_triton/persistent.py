@@ -4,20 +4,31 @@ The fused step (trainer/model.py) runs 3 GEMM kernels a layer; at H = 128 each i
 latency, not its work (a few µs each for well under 1 µs of arithmetic). Here one grid of
 programs stays resident for a whole segment of steps and walks each step's phases itself, a grid
 barrier between phases, so a phase costs its work and one barrier (about 0.9 µs on the H200 at
-132 programs: experiments/grid_barrier.py) instead of a kernel's launch, ramp and tail. A step of
-784 -> H x layers -> 10 (kernels_core/persistent.py's Layout: weights W_0 .. W_L, L = layers):
+132 programs: experiments/grid_barrier.py) instead of a kernel's launch, ramp and tail. Each phase
+is a list of tiles handed out over the whole grid (tile t to program t mod programs): a phase then
+takes about one tile's chain of k-steps, where a program walking many tiles in turn would take
+their sum. A step of 784 -> H x layers -> 10 (kernels_core/persistent.py's Layout: weights W_0 ..
+W_L, L = layers; A_0 = x[rows], A_{l+1} = relu(A_l @ W_l + b_l), D_l the gradient at layer l's
+output):
 
-    forward   A_1 = relu(x[rows] @ W_0 + b_0), A_{l+1} = relu(A_l @ W_l + b_l)   tiles of BM x BN
-    loss      D_L = (softmax(A_L @ W_L + b_L) - onehot) / B, each row block's summed loss in a slot
-    backward  for l = L .. 0: one program owns BR rows of W_l (all its columns, BC at a time), so
-              it reads those rows for D_{l-1} = (D_l @ W_l^T) * (A_l > 0) and then updates them
-              with x^T dy = A_l[:, rows]^T @ D_l (optim.py's sgd_rule): no barrier between the
-              two, because no other program reads the rows it writes in this phase.
+    forward     A_{l+1} in BM x BN tiles, l = 0 .. L-1. The first layer's K = 784 may split into
+                SPLIT_K slices, each tile-slice summing into an fp32 partial, and a phase more
+                sums the partials in order and adds b_0 (a chain of 784 / SPLIT_K k-steps a tile).
+    loss        BL rows a program: D_L = (softmax(A_L @ W_L + b_L) - onehot) / B, each row block's
+                summed loss in a slot, and at once D_{L-1} = (D_L @ W_L^T) * (A_L > 0): the
+                program holds its rows' whole D_L, so the last layer's input gradient needs no
+                phase of its own.
+    backward    for l = L-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles, beside
+                W_{l+1}'s update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, optim.py's
+                sgd_rule; the tiles of row block 0 also update b_{l+1}); last, W_1's and W_0's
+                updates. A weight is updated one phase after the phase that reads it for an input
+                gradient, so no tile reads a weight another tile of its phase writes.
 
-2L + 2 barriers a step (6 for the default protocol's 784-H-H-10, 8 for the seed's). The first
-backward phase also sums the loss slots, in slot order (the same bits on every run), into the
-step's entry of `losses`. The batch's rows come from `batches[step]` (the trainer's epoch
-permutation as rows of B), the labels from y[rows]; the dataset is read in place.
+2L + 1 barriers a step, one more with SPLIT_K > 1 (kernels_core.persistent.barriers_per_step: 5
+for the default protocol's 784-H-H-10). After the loss's barrier program 0 sums the loss slots, in
+slot order (the same bits on every run), into the step's entry of `losses`. The batch's rows come
+from `batches[step]` (the trainer's epoch permutation as rows of B), the labels from y[rows]; the
+dataset is read in place.
 
 Where things live: the weights and momentum buffers in the flat fp32 buffers the trainer keeps
 (L2-resident: 467 KB for H = 128), the activations and gradients in a scratch of B x H a layer.
@@ -25,7 +36,7 @@ What one program writes and another reads later in the launch is seen because of
 acquire poll compiles, on sm_90, to an invalidation of the multiprocessor's L1 (`CCTL.IVALL`), so no
 line cached before the writers' stores survives it. Those loads ask for `.cg` (L2 only) too, but
 Triton's pipeliner turns the ones that feed a dot into `cp.async` copies through L1, so the barrier
-is what holds; a program's own rows of W are read and written only by it. The rounding
+is what holds; a tile of W is updated by the same program every step, with plain loads. The rounding
 rules are the fused step's: fp32 master weights; in fp16/bf16 the GEMMs read them rounded to the
 dataset's dtype, activations and gradients are stored in it, every product accumulates in fp32;
 in fp32 every product is IEEE (matmul.py's _dot with TF32 = 0).
