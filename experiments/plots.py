@@ -7,6 +7,9 @@
   above that panel) and vs torch eager (compare_*.csv for the seed protocol,
   trainer_*.csv for the default one; a step-time-only run of N steps gets its
   own, step_time_<protocol>_<N>steps.png);
+- persistent_widths.png: the persistent training kernel's step time against
+  the fused step's over H, both protocols (the newest run with a persistent
+  variant in the compare CSVs);
 - loss_curves_<dtype>.png: every variant's loss curve overlaid;
 - tuned_vs_default.png: speedup of each tuned kernel over its default
   config (best.json in --tuning-dir, default experiments/results/<gpu>/tuning/<target>/);
@@ -81,6 +84,39 @@ def step_time(folder: Path) -> list[Path]:
                 ax.axhline(1.0, color="grey", lw=0.8)
             made.append(save(fig, folder, step_time_name(protocol, length)))
     return made
+
+
+PERSISTENT_VARIANTS = ("triton-persistent", "cuda-persistent", "triton-tuned", "cuda-tuned")
+
+
+def persistent_widths(folder: Path) -> list[Path]:
+    """The persistent kernel's step time against the fused step's over H, a panel a protocol: the
+    rows of the newest commit that ran a persistent variant, its fused rows from the same run."""
+    panels = []
+    for path in (folder / "trainer_fp32.csv", folder / "compare_fp16.csv"):
+        df = load_compare(path) if path.exists() else pd.DataFrame()
+        if df.empty or not df.variant.str.endswith("-persistent").any():
+            continue
+        commit = df[df.variant.str.endswith("-persistent")].commit.iloc[-1]
+        run = latest(df[(df.commit == commit) & df.variant.isin(PERSISTENT_VARIANTS)], ["variant", "hidden"])
+        panels.append((run, commit))
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (run, commit) in zip(axes[0], panels):
+        for variant, g in run.groupby("variant"):
+            g = g.sort_values("hidden")
+            ax.plot(g.hidden, g.median_step_us, marker="o", ls="-" if variant.endswith("-persistent") else "--",
+                    label=variant)
+        p = PROTOCOLS[run.protocol.iloc[0]]
+        widths = sorted(run.hidden.unique())
+        ax.set(xscale="log", yscale="log", xlabel="hidden width H", ylabel="median step time (µs)")
+        ax.set_title(f"{run.protocol.iloc[0]} protocol, {p.net}, batch {p.batch_size}, {run.dtype.iloc[0]}\n"
+                     f"{run.device.iloc[0]}, {commit}, {run.run_length.iloc[0]}", fontsize=9)
+        ax.set_xticks(widths, [str(h) for h in widths])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return [save(fig, folder, "persistent_widths.png")]
 
 
 def loss_curves(folder: Path) -> list[Path]:
@@ -180,6 +216,7 @@ def main(argv=None) -> int:
     folder = results_dir(args.gpu)
     makers = {
         "step time": lambda: step_time(folder),
+        "persistent kernel over widths": lambda: persistent_widths(folder),
         "loss curves": lambda: loss_curves(folder),
         "tuned vs default": lambda: tuned_vs_default(folder, args.target, tuning),
         "roofline": lambda: roofline(folder),
