@@ -95,9 +95,10 @@ def persistent_widths(folder: Path) -> list[Path]:
     panels = []
     for path in (folder / "trainer_fp32.csv", folder / "compare_fp16.csv"):
         df = load_compare(path) if path.exists() else pd.DataFrame()
-        if df.empty or not df.variant.str.endswith("-persistent").any():
+        persistent = df.variant.str.endswith("-persistent") if not df.empty else pd.Series(dtype=bool)
+        if not persistent.any():
             continue
-        commit = df[df.variant.str.endswith("-persistent")].commit.iloc[-1]
+        commit = df[persistent].commit.iloc[-1]
         run = latest(df[(df.commit == commit) & df.variant.isin(PERSISTENT_VARIANTS)], ["variant", "hidden"])
         panels.append((run, commit))
     if not panels:

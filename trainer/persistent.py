@@ -54,8 +54,8 @@ class PersistentMLP:
         self.bufs = torch.zeros_like(self.flat) if config.momentum else None
         kernel = importlib.import_module(f"kernels_{config.backend}.persistent")
         self.plan = kernel.plan(batches.x, batches.y, batches.epoch_batches, batches.pos, self.flat, self.bufs,
-                                    losses, self.layout, lr=config.lr, momentum=config.momentum,
-                                    weight_decay=config.weight_decay, config=kernel_config)
+                                losses, self.layout, lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay, config=kernel_config)
 
     def describe(self) -> str:
         return f"persistent kernel: {self.plan.programs} programs, config {self.plan.config}"
