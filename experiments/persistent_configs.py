@@ -1,17 +1,18 @@
 """The persistent training kernel's step time over a few of its configs (a GPU machine): which
 tile sizes, warps and grid sizes its phases want, before the tuner searches them.
 
-    python -m experiments.persistent_configs [--protocol default,seed] [--hidden 128]
-        [--configs NAME,...] [--reps 5]
+    python -m experiments.persistent_configs [--backends triton,cuda] [--protocol default,seed]
+        [--hidden 128] [--configs NAME,...] [--reps 5]
 
 Each config trains the protocol's net on MNIST from the trainer's initial weights and data order
 (trainer.train.build with --persistent): the first steps are checked against the fused step's
 losses (compare's bar: within 1e-4 over 5 steps, fp32; 1e-2 in fp16, whose roundings the two
 make in other orders), then each rep times one launch of a whole epoch's steps with CUDA events
 (468 steps at batch 128, 1875 at 32), the weights put back between reps; the step's time is the
-launch's over its steps, the median of the reps. Rows are written as each config ends.
+launch's over its steps, the median of the reps. Rows are written as each config ends, after the
+file's earlier rows.
 
--> experiments/results/<gpu>/persistent_configs.csv: protocol, hidden, config (its name),
+-> experiments/results/<gpu>/persistent_configs.csv: backend, protocol, hidden, config (its name),
    kernel_config, programs, steps, us_per_step (median), us_p20, us_p80, loss_diff (the
    largest relative difference from the fused step over its first 5 steps), provenance.
 """
@@ -55,12 +56,13 @@ def _losses(step, batches, losses: torch.Tensor, steps: int) -> list[float]:
     return losses[:steps].tolist()
 
 
-def measure(protocol: str, hidden: int, name: str, reps: int, fused_losses: list[float]) -> dict:
+def measure(backend: str, protocol: str, hidden: int, name: str, reps: int, fused_losses: list[float]) -> dict:
     from trainer.persistent import PersistentMLP
     from trainer.torch_backend import initial_mlp
     from trainer.train import build
 
-    cfg = replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend="triton", hidden=hidden, tuned_configs="none")
+    cfg = replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend=backend, hidden=hidden,
+                  tuned_configs="none")
     built = build(cfg)  # the data, batches and loss slots; the fused model it holds compiles nothing unused
     backend = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
                             kernel_config=CONFIGS[name])
@@ -81,27 +83,32 @@ def measure(protocol: str, hidden: int, name: str, reps: int, fused_losses: list
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / steps)
     q = statistics.quantiles(times, n=5, method="inclusive")
-    return dict(protocol=protocol, hidden=hidden, config=name, kernel_config=str({**DEFAULT, **CONFIGS[name]}),
+    return dict(backend=backend, protocol=protocol, hidden=hidden, config=name, kernel_config=str({**DEFAULT, **CONFIGS[name]}),
                 programs=backend.plan.programs, steps=steps, us_per_step=statistics.median(times), us_p20=q[0],
                 us_p80=q[3], loss_diff=diff, **provenance())
 
 
-def fused_losses(protocol: str, hidden: int) -> list[float]:
-    """The fused step's first losses (triton, its default configs), eager: the reference."""
+def fused_losses(backend: str, protocol: str, hidden: int) -> list[float]:
+    """The twin's fused step's first losses (its default configs), eager: the reference."""
     from trainer.train import build
 
-    built = build(replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend="triton", hidden=hidden, tuned_configs="none"))
+    built = build(replace(base_config(protocol, PROTOCOLS[protocol].dtype, None), backend=backend, hidden=hidden,
+                          tuned_configs="none"))
     return _losses(built.stepper.eager, built.batches, built.stepper.losses, CHECK_STEPS)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.persistent_configs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backends", default="triton", help="comma-separated, of triton, cuda (default triton)")
     p.add_argument("--protocol", default="default,seed", help="comma-separated, of default, seed")
     p.add_argument("--hidden", default="128", help="comma-separated widths (default 128)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--reps", type=int, default=5, help="launches of an epoch's steps a config (default 5)")
     args = p.parse_args(argv)
+    backends = args.backends.split(",")
+    if set(backends) - {"triton", "cuda"}:
+        p.error(f"--backends {args.backends}: of triton, cuda")
     names = args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -110,20 +117,23 @@ def main(argv=None) -> int:
         p.error("no CUDA device: the kernel's step time is a GPU's")
     out = results_dir() / "persistent_configs.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
+    earlier = pd.read_csv(out) if out.exists() else pd.DataFrame()
     rows = []
-    for protocol in args.protocol.split(","):
-        for hidden in (int(h) for h in args.hidden.split(",")):
-            reference = fused_losses(protocol, hidden)
-            for name in names:
-                try:
-                    rows.append(measure(protocol, hidden, name, args.reps, reference))
-                except Exception as exc:  # one config failing must not lose the others' rows
-                    print(f"FAILED {protocol} H={hidden} {name}: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                r = rows[-1]
-                print(f"{protocol} H={hidden} {name}: {r['us_per_step']:.2f} µs a step ({r['programs']} programs, "
-                      f"p20 {r['us_p20']:.2f}, p80 {r['us_p80']:.2f}; loss {r['loss_diff']:.2g} off fused)", flush=True)
-                pd.DataFrame(rows).to_csv(out, index=False)
+    for backend in backends:
+        for protocol in args.protocol.split(","):
+            for hidden in (int(h) for h in args.hidden.split(",")):
+                reference = fused_losses(backend, protocol, hidden)
+                for name in names:
+                    what = f"{backend} {protocol} H={hidden} {name}"
+                    try:
+                        rows.append(measure(backend, protocol, hidden, name, args.reps, reference))
+                    except Exception as exc:  # one config failing must not lose the others' rows
+                        print(f"FAILED {what}: {type(exc).__name__}: {exc}", flush=True)
+                        continue
+                    r = rows[-1]
+                    print(f"{what}: {r['us_per_step']:.2f} µs a step ({r['programs']} programs, p20 {r['us_p20']:.2f}, "
+                          f"p80 {r['us_p80']:.2f}; loss {r['loss_diff']:.2g} off fused)", flush=True)
+                    pd.concat([earlier, pd.DataFrame(rows)]).to_csv(out, index=False)
     print(f"rows: {out}")
     return 0
 

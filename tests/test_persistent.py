@@ -323,12 +323,15 @@ def test_persistent_is_refused_where_the_model_does_not_fit_on_chip_and_auto_pic
         assert f"--persistent auto: {picked}" in capsys.readouterr().err
 
 
-def test_the_configs_experiment_refuses_an_unknown_config_and_a_machine_without_a_gpu(capsys):
+def test_the_configs_experiment_refuses_an_unknown_config_or_backend_and_a_machine_without_a_gpu(capsys):
     from experiments import persistent_configs
 
     with pytest.raises(SystemExit) as exit_:
         persistent_configs.main(["--configs", "default,huge"])
     assert exit_.value.code == 2 and "unknown configs ['huge']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        persistent_configs.main(["--backends", "triton,torch"])
+    assert exit_.value.code == 2 and "--backends triton,torch: of triton, cuda" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as exit_:
             persistent_configs.main(["--configs", "default"])
