@@ -17,7 +17,7 @@ from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_in
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
-from tests.test_persistent import CPU_CASES, _args, check_against_float64
+from tests.test_persistent import CPU_CASES, STEPS, _args, check_against_float64
 from tests.test_wgmma import _cuobjdump
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ def test_irregular_shapes_in_two_launches_track_float64_training(dtype, layout, 
     """The Triton twin's interpreter cases (no side a multiple of a tile) on 3 blocks of 2 warps:
     tiles of 16 shared out unevenly, the first layer's K in 2 slices, and a second launch going on
     from the first's weights, momentum and position."""
-    images, steps = 4 * layout.batch, 5
+    images, steps = 4 * layout.batch, STEPS[dtype]
     x = torch.randn(images, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
     y = torch.randint(0, layout.classes, (images,), device="cuda")
     batches = torch.stack([torch.randperm(images, device="cuda")[:layout.batch] for _ in range(steps)])
