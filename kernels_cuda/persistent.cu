@@ -80,6 +80,13 @@ __device__ __forceinline__ void stage(Load load, Store store) {
     }
 }
 
+// The GPU's clock, in ns.
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // Another block wrote it during this launch: through L2 (ptx.cuh's ldcg1).
 template <int DT>
 __device__ __forceinline__ float load_cg(const EltT<DT>* p) {
@@ -297,16 +304,26 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     }
 }
 
+// The grid barrier after a phase; with STAMPS, block 0 then writes the GPU's nanosecond clock to
+// stamps[barriers so far] (stamps[0]: the launch's start), the phases' boundaries.
+template <int STAMPS>
+__device__ __forceinline__ void end_phase(u32* counter, u32 arrivals, i64* stamps) {
+    grid_barrier(counter, arrivals);
+    if constexpr (STAMPS) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) stamps[arrivals / gridDim.x] = (i64)globaltimer();
+    }
+}
+
 // `steps` steps from the epoch's slot *pos on (wrapping at epoch_steps), then *pos += steps. x is
 // (images, IN) in T; y the images' int64 labels; batches (epoch_steps, M) int64 rows of x; params
 // and bufs flat fp32 (W_0, b_0, W_1, b_1, ...; bufs untouched without momentum); acts LAYERS x M x H
 // and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 (SPLIT_K > 1); slots
-// cdiv(M, BL) fp32; counter zeroed by the host.
+// cdiv(M, BL) fp32; counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
 template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BC, int BL,
-          int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY>
+          int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
-            EltT<DT>* grads, float* part, float* slots, float* losses, u32* counter, i64* pos, int steps,
+            EltT<DT>* grads, float* part, float* slots, float* losses, u32* counter, i64* pos, i64* stamps, int steps,
             int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float smem[];
     constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
@@ -315,6 +332,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     constexpr int MH = M * H, K_EACH = cdiv_c(cdiv_c(IN, SPLIT_K), BK) * BK;
     constexpr int DX_TILES = cdiv_c(M, BM) * cdiv_c(H, BN);
     EltT<DT>* const d_last = grads + LAYERS * MH;
+    if (STAMPS && blockIdx.x == 0 && threadIdx.x == 0) stamps[0] = (i64)globaltimer();
     const i64 first = *pos;
     u32 arrivals = 0;
     for (int step = 0; step < steps; ++step) {
@@ -326,19 +344,19 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
         } else {
             forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
                                                                               part, smem);
-            grid_barrier(counter, arrivals += gridDim.x);
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
             split_sum<DT, M, H, THREADS, SPLIT_K>(part, params + IN * H, acts);
         }
-        grid_barrier(counter, arrivals += gridDim.x);
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         for (int l = 1; l < LAYERS; ++l) {
             const int at = W1 + (l - 1) * HIDDEN;
             forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1, H>(acts + (l - 1) * MH, rows, params + at,
                                                                    params + at + H * H, acts + l * MH, part, smem);
-            grid_barrier(counter, arrivals += gridDim.x);
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
         loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,
                                                  d_last, grads + (LAYERS - 1) * MH, slots, inv_m, smem);
-        grid_barrier(counter, arrivals += gridDim.x);
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         if (blockIdx.x == 0 && threadIdx.x == 0) {  // the step's loss: the row blocks' sums in slot order
             float total = 0.f;
             for (int i = 0; i < cdiv_c(M, BL); ++i) total += ldcg1(slots + i);
@@ -361,7 +379,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
                         acts + l * MH, rows, grads + (l + 1) * MH, params + next, params + next + H * H, bufs + next,
                         bufs + next + H * H, t - DX_TILES, lr, momentum, weight_decay, smem);
             }
-            grid_barrier(counter, arrivals += gridDim.x);
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
         constexpr int FIRST_TILES = cdiv_c(H, BR) * cdiv_c(N1, BC);  // W_1's, then W_0's
         for (int t = blockIdx.x; t < FIRST_TILES + cdiv_c(IN, BR) * cdiv_c(H, BC); t += gridDim.x) {
@@ -374,7 +392,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
                     x, rows, grads, params, params + IN * H, bufs, bufs + IN * H, t - FIRST_TILES, lr, momentum,
                     weight_decay, smem);
         }
-        grid_barrier(counter, arrivals += gridDim.x);
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *pos = first + steps;
 }
@@ -383,7 +401,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
 // The default config (kernels_cuda/persistent.py: CUDA_DEFAULT) at the default protocol's shape, with
 // momentum, instantiated for the build line at the top.
 void* const standalone_kernels[] = {
-    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0>,
-    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0>,
+    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
+    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
 };
 #endif

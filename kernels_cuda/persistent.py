@@ -15,7 +15,7 @@ import torch
 
 from kernels_core.contract import cdiv
 from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
-                                     check_inputs, resolve_config)
+                                     check_inputs, check_stamps, resolve_config)
 
 from . import _runtime as rt
 
@@ -29,11 +29,12 @@ def smem_bytes(cfg: dict, layout: Layout) -> int:
     return 4 * max(forward, update, loss)
 
 
-def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool) -> rt.Variant:
+def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
+            stamps: bool = False) -> rt.Variant:
     return rt.Variant("persistent.cu", "train_steps", (
         rt.DT_CODE[dtype], layout.layers, layout.inputs, layout.hidden, layout.classes, layout.batch,
         cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BC"], cfg["BL"], cfg["SPLIT_K"], 32 * cfg["num_warps"],
-        int(momentum), int(weight_decay)))
+        int(momentum), int(weight_decay), int(stamps)))
 
 
 @dataclass
@@ -52,9 +53,13 @@ class Plan:
     counter: torch.Tensor
     tag: tuple
     tensors: tuple  # what the pointers point to, alive as long as the plan
+    stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        check_barrier_count(steps, barriers_per_step(self.layout.layers, self.config["SPLIT_K"]), self.programs)
+        barriers = barriers_per_step(self.layout.layers, self.config["SPLIT_K"])
+        check_barrier_count(steps, barriers, self.programs)
+        if self.stamps is not None:
+            check_stamps(self.stamps, steps, barriers)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)
@@ -62,15 +67,18 @@ class Plan:
 
 def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
          bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, *, lr: float, momentum: float = 0.0,
-         weight_decay: float = 0.0, config: dict | None = None) -> Plan:
+         weight_decay: float = 0.0, config: dict | None = None, stamps: torch.Tensor | None = None) -> Plan:
     """The launch that trains `params` (flat fp32, `layout`'s order; `bufs` likewise, or None
     without momentum) on x[batches[s]], y[batches[s]] for the slots s = *pos, *pos + 1, ... (mod
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; y: int64 labels; batches: (epoch's steps, batch)
-    int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
+    int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches').
+    stamps (int64): each launch writes the clock (ns) at its start and after each barrier."""
     cfg = resolve_config(config)
-    for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
-        rt.check_cuda(name, t)
+    for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses),
+                    ("stamps", stamps)):
+        if t is not None:
+            rt.check_cuda(name, t)
     dtype = check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)
     if y.dtype != torch.int64:  # the kernel reads 8-byte labels
         raise ValueError(f"y: {y.dtype}, expected int64 labels")
@@ -83,7 +91,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
                          "ask for smaller tiles")
     threads = 32 * cfg["num_warps"]
     programs = cfg["PROGRAMS"] or rt.sm_count(dev)
-    kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay))
+    kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay), stamps is not None)
     fn = rt.function(kernel, dev, smem)
     with rt.cupy().cuda.Device(dev):
         per_sm = blocks_per_sm(fn.kernel.ptr, threads, smem)
@@ -95,7 +103,8 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     part = torch.empty(cfg["SPLIT_K"] * m * layout.hidden if cfg["SPLIT_K"] > 1 else 1, dtype=torch.float32,
                        device=x.device)
     slots = torch.empty(cdiv(m, cfg["BL"]), dtype=torch.float32, device=x.device)
-    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, slots, losses, counter, pos)
+    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, slots, losses, counter, pos,
+               counter if stamps is None else stamps)
     tail = (rt.i32(batches.shape[0]), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay), rt.f32(1.0 / m))
     return Plan(layout, cfg, programs, kernel, dev, smem, tuple(rt.ptr(t) for t in tensors), tail, counter,
-                rt.tag("persistent", dtype, cfg), tensors)
+                rt.tag("persistent", dtype, cfg), tensors, stamps)
