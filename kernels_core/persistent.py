@@ -160,6 +160,23 @@ def check_barrier_count(steps: int, barriers: int, programs: int) -> None:
                          f"2**31); launch fewer steps at a time")
 
 
+def check_stamps(stamps: torch.Tensor, steps: int, barriers: int) -> None:
+    """Refuses, in one line, a clock buffer a launch of `steps` steps would overrun: int64, its start
+    and one entry a barrier."""
+    need = 1 + steps * barriers
+    if stamps.dtype != torch.int64 or stamps.numel() < need:
+        raise ValueError(f"stamps: {stamps.dtype} ({stamps.numel()},), expected int64 with {need} entries for "
+                         f"{steps} steps: the launch's start and one a barrier")
+
+
+def phase_names(layers: int, split_k: int) -> list[str]:
+    """What each phase of a step does, in order (barriers_per_step's phases)."""
+    names = ["forward 0 slices", "forward 0 sum"] if split_k > 1 else ["forward 0"]
+    names += [f"forward {l}" for l in range(1, layers)] + [f"loss, input grad {layers}"]
+    names += [f"input grad {l}, update {l + 1}" for l in range(layers - 1, 0, -1)] + ["update 1, update 0"]
+    return names
+
+
 @functools.cache
 def _occupancy_fn():
     fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor

@@ -6,17 +6,21 @@
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/persistent.cu
 //
 // One block a multiprocessor (or PROGRAMS) walks each step's phases, a grid barrier
-// (grid_barrier.cuh) after each: 2 * LAYERS + 2 barriers a step.
+// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step, one more with SPLIT_K > 1
+// (kernels_core.persistent.barriers_per_step). Each phase is a list of tiles handed out over the
+// grid, tile t to block t mod blocks, so a phase takes about one tile's chain of k-steps:
 //   forward  l = 0 .. LAYERS-1: A_{l+1} = relu(A_l @ W_l + b_l) (A_0 = x[batches[s]]) in BM x BN
-//            output tiles; reads A_l (x in place for l = 0), W_l, b_l; writes A_{l+1} (acts).
+//            tiles; the first layer's K may split into SPLIT_K slices summed into fp32 partials,
+//            which a phase more adds up in order (split_sum).
 //   loss     blocks of BL rows: logits = A_L @ W_L + b_L, D_L = (softmax - onehot(y)) / M into
-//            grads' last M x OUT, the block's summed loss into slots[block].
-//   backward l = LAYERS .. 0: a block owns BR rows of W_l (every step the same rows) and walks
-//            their columns BC at a time: dx = D_l @ W_l^T for those rows (A_l's columns), then SGD
-//            on them with a^T D_l (fused.cuh's sgd_step, the rule of optim.cu); the owner of row
-//            block 0 also updates b_l with D_l's column sums. Reading the rows for dx before
-//            updating them needs no barrier: no other block touches them in this phase. Last,
-//            D_{l-1} = dx * (A_l > 0) (not for l = 0: x needs no gradient).
+//            grads' last M x OUT, the block's summed loss into slots[block]; and at once the same
+//            rows' D_{L-1} = (D_L @ W_L^T) * (A_L > 0), since the block holds their whole D_L.
+//   backward l = LAYERS-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles beside W_{l+1}'s
+//            update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, the batch BK rows at a time;
+//            fused.cuh's sgd_step, the rule of optim.cu; the tiles of row block 0 also update
+//            b_{l+1}); last, W_1's and W_0's updates. A weight is updated one phase after the phase
+//            that reads it for an input gradient, so no tile reads a weight another tile of its
+//            phase writes.
 // After the loss barrier block 0 sums the slots in slot order (the same bits every run) into
 // losses[s]. The step's slot s is (*pos + i) % epoch_steps; block 0 writes *pos + steps at the end
 // (every block read *pos before its first arrival).
@@ -27,17 +31,15 @@
 // values is exact in fp32, as on the tensor cores, so only the order of the sums differs. fp32
 // products are IEEE (no TF32).
 //
-// What one block writes and another reads later in the launch (activations, gradients, weights
-// and biases outside the backward's own rows, the loss slots) is loaded with ld.global.cg: L2,
-// never a line this multiprocessor's L1 kept from before the writer's store. The barrier orders
-// the phases. A block's own rows of W and their momentum buffers, and the bias of its owner, are
-// read and written by that block alone, and x, y and batches by no one: plain loads.
+// What one block writes and another reads later in the launch (activations, gradients, partials,
+// weights and biases, the loss slots) is loaded with ld.global.cg: L2, never a line this
+// multiprocessor's L1 kept from before the writer's store. The barrier orders the phases. A tile
+// of W, its momentum buffer and (row block 0) its bias are updated by the same block every step:
+// plain loads there; x, y and batches are written by no one.
 //
 // Shared memory (dynamic, the largest phase's; kernels_cuda/persistent.py's smem_bytes mirrors
-// PersistentSmem, held to it by static_asserts in tests/test_persistent_cuda.py's build): the
-// forward and loss products stage a BM x BK tile of a (rows padded by one float, so the
-// k-contiguous stores spread over the banks) and a BK x BN tile of W; the backward holds a's
-// M x BR columns, D's M x BC chunk and W's BR x BC chunk (rows padded: dx reads it across rows).
+// PersistentSmem, held to it by static_asserts in tests/test_persistent_cuda.py's build): see
+// PersistentSmem.
 #include "dtypes.cuh"
 #include "fused.cuh"
 #include "grid_barrier.cuh"
@@ -47,13 +49,16 @@ __host__ __device__ constexpr int cdiv_c(int a, int b) { return (a + b - 1) / b;
 
 __host__ __device__ constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
-// Floats of shared memory a phase uses; the host sizes the launch with its mirror.
+// Floats of shared memory a phase uses; the host sizes the launch with its mirror. A product
+// stages a BMT x BK tile of its left operand (rows padded by one float, so the k-contiguous stores
+// spread over the banks) and a BK x BNT tile of its right; the loss keeps its rows' logits, their
+// gradient and losses past that, and stages BN rows of W_L (its dx step) where the product's tiles were.
 template <int M, int OUT, int BM, int BN, int BK, int BR, int BC, int BL>
 struct PersistentSmem {
     static constexpr int FORWARD = BM * (BK + 1) + BK * BN;
-    static constexpr int LOSS = BL * (BK + 1) + BK * OUT + BL * OUT + BL;
-    static constexpr int BACKWARD = M * BR + M * BC + BR * (BC + 1);
-    static constexpr int FLOATS = max_c(FORWARD, max_c(LOSS, BACKWARD));
+    static constexpr int UPDATE = BR * (BK + 1) + BK * BC;
+    static constexpr int LOSS = max_c(BL * (BK + 1) + BK * OUT, BN * OUT) + 2 * BL * OUT + BL;
+    static constexpr int FLOATS = max_c(FORWARD, max_c(UPDATE, LOSS));
 };
 
 // Shared memory's copy of SIZE elements, element e = i * THREADS + tid of each thread: load(e) for
@@ -73,6 +78,13 @@ __device__ __forceinline__ void stage(Load load, Store store) {
         const int e = i * THREADS + threadIdx.x;
         if (e < SIZE) store(e, v[i]);
     }
+}
+
+// The GPU's clock, in ns.
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 // Another block wrote it during this launch: through L2 (ptx.cuh's ldcg1).
@@ -97,82 +109,102 @@ __device__ __forceinline__ float a_elem(const EltT<DT>* a, const i64* rows, int 
         return load_cg<DT>(a + (i64)m * K + k);
 }
 
-// acc[i] = sum over k of a[m0 + m, k] * w[k, n0 + n] for the outputs idx = i * THREADS + tid of
-// the BMT x BNT tile (m = idx / BNT, n = idx % BNT), k in order; rows and columns past M and N
-// (and k past K) read zeros.
-template <int DT, int M, int K, int N, int BMT, int BNT, int BK, int THREADS, bool GATHER>
-__device__ __forceinline__ void tile_product(const EltT<DT>* a, const i64* rows, const float* w, int m0, int n0,
-                                             float (&acc)[cdiv_c(BMT * BNT, THREADS)], float* smem) {
+// acc[i] = sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n) for the outputs
+// idx = i * THREADS + tid of a BMT x BNT tile (m = idx / BNT, n = idx % BNT); the loaders return 0
+// past their operand's edges.
+template <int BMT, int BNT, int BK, int THREADS, typename Left, typename Right>
+__device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right,
+                                        float (&acc)[cdiv_c(BMT * BNT, THREADS)], float* smem) {
     constexpr int OUTS = cdiv_c(BMT * BNT, THREADS), LDA = BK + 1;
     float* as = smem;
     float* ws = smem + BMT * LDA;
     const int tid = threadIdx.x;
 #pragma unroll
     for (int i = 0; i < OUTS; ++i) acc[i] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += BK) {
+    for (int k0 = k_lo; k0 < k_hi; k0 += BK) {
         __syncthreads();  // the last tile's (or phase's) reads of the shared tiles are done
-        stage<BMT * BK, THREADS>(
-            [&](int e) {
-                const int m = e / BK, k = e % BK;
-                return m0 + m < M && k0 + k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k0 + k) : 0.f;
-            },
-            [&](int e, float v) { as[(e / BK) * LDA + e % BK] = v; });
-        stage<BK * BNT, THREADS>(
-            [&](int e) {
-                const int k = e / BNT, n = e % BNT;
-                return k0 + k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n0 + n)) : 0.f;
-            },
-            [&](int e, float v) { ws[e] = v; });
+        stage<BMT * BK, THREADS>([&](int e) { return k0 + e % BK < k_hi ? left(e / BK, k0 + e % BK) : 0.f; },
+                                 [&](int e, float v) { as[(e / BK) * LDA + e % BK] = v; });
+        stage<BK * BNT, THREADS>([&](int e) { return k0 + e / BNT < k_hi ? right(k0 + e / BNT, e % BNT) : 0.f; },
+                                 [&](int e, float v) { ws[e] = v; });
         __syncthreads();
 #pragma unroll 4
         for (int k = 0; k < BK; ++k) {
 #pragma unroll
             for (int i = 0; i < OUTS; ++i) {
                 const int idx = i * THREADS + tid;
-                if (idx < BMT * BNT)
-                    acc[i] = fmaf(as[(idx / BNT) * LDA + k], ws[k * BNT + idx % BNT], acc[i]);
+                if (idx < BMT * BNT) acc[i] = fmaf(as[(idx / BNT) * LDA + k], ws[k * BNT + idx % BNT], acc[i]);
             }
         }
     }
 }
 
-// out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T.
-template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER>
+// out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
+// tile-slice t sums its slice s of K_EACH k's into the fp32 partial s of part (SPLIT x M x N), and
+// split_sum finishes the layer after a barrier.
+template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT, int K_EACH>
 __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
-                                        EltT<DT>* out, float* smem) {
-    constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_N = cdiv_c(N, BN);
-    for (int t = blockIdx.x; t < cdiv_c(M, BM) * TILES_N; t += gridDim.x) {
-        const int m0 = (t / TILES_N) * BM, n0 = (t % TILES_N) * BN;
+                                        EltT<DT>* out, float* part, float* smem) {
+    constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N;
+    for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
+        const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
         float acc[OUTS];
-        tile_product<DT, M, K, N, BM, BN, BK, THREADS, GATHER>(a, rows, w, m0, n0, acc, smem);
+        product<BM, BN, BK, THREADS>(
+            s * K_EACH, s * K_EACH + K_EACH,
+            [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
+            [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
+            acc, smem);
 #pragma unroll
         for (int i = 0; i < OUTS; ++i) {
             const int idx = i * THREADS + threadIdx.x, m = m0 + idx / BN, n = n0 + idx % BN;
-            if (idx < BM * BN && m < M && n < N)
-                out[m * N + n] = Elt<DT>::store(relu_f(acc[i] + ldcg1(b + n)));
+            if (idx < BM * BN && m < M && n < N) {
+                if constexpr (SPLIT == 1)
+                    out[m * N + n] = Elt<DT>::store(relu_f(acc[i] + ldcg1(b + n)));
+                else
+                    part[(i64)s * M * N + m * N + n] = acc[i];
+            }
         }
     }
 }
 
+// out = relu(the SPLIT partials summed in order + b): the first layer's split product, finished.
+template <int DT, int M, int N, int THREADS, int SPLIT>
+__device__ __forceinline__ void split_sum(const float* part, const float* b, EltT<DT>* out) {
+    for (int e = blockIdx.x * THREADS + threadIdx.x; e < M * N; e += gridDim.x * THREADS) {
+        float v = 0.f;
+#pragma unroll
+        for (int s = 0; s < SPLIT; ++s) v += ldcg1(part + (i64)s * M * N + e);
+        out[e] = Elt<DT>::store(relu_f(v + ldcg1(b + e % N)));
+    }
+}
+
 // logits = a @ w + b (a M x K, w K x N), rounded to T; d = (softmax - onehot(y[rows])) / M in T;
-// each block of BL rows' summed loss into slots[block], its rows' losses added in row order.
-template <int DT, int M, int K, int N, int BL, int BK, int THREADS>
+// each block of BL rows' summed loss into slots[block], its rows' losses added in row order; then
+// the same rows' input gradient dx = (d @ w^T) * (a > 0), BN of a's columns at a time: the block
+// holds its rows' whole d, so the last layer's dx needs no barrier.
+template <int DT, int M, int K, int N, int BL, int BN, int BK, int THREADS>
 __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
-                                     const i64* y, EltT<DT>* d, float* slots, float inv_m, float* smem) {
+                                     const i64* y, EltT<DT>* d, EltT<DT>* dx, float* slots, float inv_m,
+                                     float* smem) {
     constexpr int OUTS = cdiv_c(BL * N, THREADS);
-    float* logits = smem + BL * (BK + 1) + BK * N;  // past tile_product's tiles
-    float* row_loss = logits + BL * N;
+    float* wt = smem;  // BN rows of w, once the product's tiles are done with
+    float* logits = smem + max_c(BL * (BK + 1) + BK * N, BN * N);
+    float* dl = logits + BL * N;  // d as stored, the dx product's left operand
+    float* row_loss = dl + BL * N;
+    const int tid = threadIdx.x;
     for (int t = blockIdx.x; t < cdiv_c(M, BL); t += gridDim.x) {
         const int m0 = t * BL;
         float acc[OUTS];
-        tile_product<DT, M, K, N, BL, N, BK, THREADS, false>(a, rows, w, m0, 0, acc, smem);
+        product<BL, N, BK, THREADS>(
+            0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
+            [&](int k, int n) { return k < K ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; }, acc, smem);
 #pragma unroll
         for (int i = 0; i < OUTS; ++i) {
-            const int idx = i * THREADS + threadIdx.x;
+            const int idx = i * THREADS + tid;
             if (idx < BL * N) logits[idx] = Elt<DT>::load(Elt<DT>::store(acc[i] + ldcg1(b + idx % N)));
         }
         __syncthreads();
-        for (int r = threadIdx.x; r < BL; r += THREADS) {
+        for (int r = tid; r < BL; r += THREADS) {
             const int m = m0 + r;
             float* z = logits + r * N;
             float top = neg_inf(), total = 0.f, picked = 0.f;
@@ -182,146 +214,185 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
                 const i64 label = y[rows[m]];
                 for (int n = 0; n < N; ++n) picked = n == label ? z[n] : picked;  // a label past N picks nothing
                 row_loss[r] = top + logf(total) - picked;
-                for (int n = 0; n < N; ++n)
-                    d[m * N + n] = Elt<DT>::store((expf(z[n] - top) / total - (n == label ? 1.f : 0.f)) * inv_m);
+                for (int n = 0; n < N; ++n) {
+                    const EltT<DT> g = Elt<DT>::store((expf(z[n] - top) / total - (n == label ? 1.f : 0.f)) * inv_m);
+                    d[m * N + n] = g;
+                    dl[r * N + n] = Elt<DT>::load(g);
+                }
             } else {
                 row_loss[r] = 0.f;
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (tid == 0) {
             float sum = 0.f;
             for (int r = 0; r < BL; ++r) sum += row_loss[r];
             slots[t] = sum;
         }
+        for (int k0 = 0; k0 < K; k0 += BN) {
+            __syncthreads();  // the last chunk's reads of wt are done
+            stage<BN * N, THREADS>(
+                [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; },
+                [&](int e, float v) { wt[e] = v; });
+            __syncthreads();
+            for (int idx = tid; idx < BL * BN; idx += THREADS) {
+                const int r = idx / BN, k = k0 + idx % BN;
+                if (m0 + r < M && k < K) {
+                    float g = 0.f;
+                    for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
+                    const i64 at = (i64)(m0 + r) * K + k;
+                    dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? g : 0.f);
+                }
+            }
+        }
     }
 }
 
-// For the layer a (M x K) -> (M x N) with weights w (K x N) and output gradient d (M x N): DX,
-// dx = (d @ w^T) * (a > 0); then SGD on w with a^T d and (the owner of row block 0) on b with d's
-// column sums. A block owns BR rows of w and reads each BC columns of them for dx before it
-// updates them.
-template <int DT, int M, int K, int N, int BR, int BC, int THREADS, bool GATHER, bool DX, int HAS_MOMENTUM,
+// Tile t (BM x BN) of a layer's input gradient dx = (d @ w^T) * (a > 0): d (M x N) its output's
+// gradient, w (K x N) its weights (before this step's update), a (M x K) its input, dx (M x K).
+template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS>
+__device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, const EltT<DT>* a, EltT<DT>* dx, int t,
+                                           float* smem) {
+    constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_K = cdiv_c(K, BN);
+    const int m0 = (t / TILES_K) * BM, k0 = (t % TILES_K) * BN;
+    float acc[OUTS];
+    product<BM, BN, BK, THREADS>(
+        0, N, [&](int m, int n) { return m0 + m < M && n < N ? load_cg<DT>(d + (i64)(m0 + m) * N + n) : 0.f; },
+        [&](int n, int k) { return n < N && k0 + k < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n)) : 0.f; },
+        acc, smem);
+#pragma unroll
+    for (int i = 0; i < OUTS; ++i) {
+        const int idx = i * THREADS + threadIdx.x, m = m0 + idx / BN, k = k0 + idx % BN;
+        if (idx < BM * BN && m < M && k < K) {
+            const i64 at = (i64)m * K + k;
+            dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? acc[i] : 0.f);
+        }
+    }
+}
+
+// Tile t (BR x BC) of a layer's weights w (K x N) takes its SGD step (fused.cuh's sgd_step, the
+// rule of optim.cu) with the gradient a^T @ d, the batch BK rows at a time: a (M x K) the layer's
+// input (GATHER: rows of the dataset), d (M x N) its output's gradient; the tiles of row block 0
+// update b with d's column sums.
+template <int DT, int M, int K, int N, int BR, int BC, int BK, int THREADS, bool GATHER, int HAS_MOMENTUM,
           int HAS_WEIGHT_DECAY>
-__device__ __forceinline__ void backward(const EltT<DT>* a, const i64* rows, const EltT<DT>* d, float* w,
-                                         float* b, float* w_buf, float* b_buf, EltT<DT>* dx, float lr,
-                                         float momentum, float weight_decay, float* smem) {
-    constexpr int DXS = DX ? cdiv_c(M * BR, THREADS) : 0, GS = cdiv_c(BR * BC, THREADS), LDW = BC + 1;
-    float* as = smem;             // M x BR: a's columns of the owned rows
-    float* ds = as + M * BR;      // M x BC: d's chunk
-    float* ws = ds + M * BC;      // BR x LDW: the owned rows' chunk, rounded to T
-    const int tid = threadIdx.x;
+__device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const EltT<DT>* d, float* w, float* b,
+                                       float* w_buf, float* b_buf, int t, float lr, float momentum,
+                                       float weight_decay, float* smem) {
+    constexpr int OUTS = cdiv_c(BR * BC, THREADS), TILES_C = cdiv_c(N, BC);
+    const int block = t / TILES_C, r0 = block * BR, c0 = (t % TILES_C) * BC;
     const float wd = HAS_WEIGHT_DECAY ? weight_decay : 0.f;  // a constant 0 compiles sgd_step's term away
-    for (int t = blockIdx.x; t < cdiv_c(K, BR); t += gridDim.x) {
-        const int r0 = t * BR;
-        __syncthreads();  // the last rows' (or phase's) reads of the shared tiles are done
-        stage<M * BR, THREADS>(
-            [&](int e) { return r0 + e % BR < K ? a_elem<DT, K, GATHER>(a, rows, e / BR, r0 + e % BR) : 0.f; },
-            [&](int e, float v) { as[e] = v; });
-        float acc[DXS > 0 ? DXS : 1];
+    float acc[OUTS];
+    product<BR, BC, BK, THREADS>(
+        0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
+        [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; }, acc, smem);
 #pragma unroll
-        for (int i = 0; i < DXS; ++i) acc[i] = 0.f;
-        for (int c0 = 0; c0 < N; c0 += BC) {
-            __syncthreads();  // the last chunk's reads are done
-            stage<M * BC, THREADS>(
-                [&](int e) { return c0 + e % BC < N ? load_cg<DT>(d + (e / BC) * N + c0 + e % BC) : 0.f; },
-                [&](int e, float v) { ds[e] = v; });
-            stage<BR * BC, THREADS>(
-                [&](int e) {
-                    const int r = e / BC, c = e % BC;
-                    return r0 + r < K && c0 + c < N ? as_operand<DT>(w[(i64)(r0 + r) * N + c0 + c]) : 0.f;
-                },
-                [&](int e, float v) { ws[(e / BC) * LDW + e % BC] = v; });
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < DXS; ++i) {
-                const int idx = i * THREADS + tid, m = idx / BR, r = idx % BR;
-                if (idx < M * BR) {
-#pragma unroll
-                    for (int c = 0; c < BC; ++c) acc[i] = fmaf(ds[m * BC + c], ws[r * LDW + c], acc[i]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < GS; ++i) {
-                const int idx = i * THREADS + tid, r = idx / BC, c = idx % BC;
-                if (idx < BR * BC && r0 + r < K && c0 + c < N) {
-                    float g[1] = {0.f};
-#pragma unroll 4
-                    for (int m = 0; m < M; ++m) g[0] = fmaf(as[m * BR + r], ds[m * BC + c], g[0]);
-                    const i64 at = (i64)(r0 + r) * N + c0 + c;
-                    sgd_step<DT, 1>(w + at, {HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}, g, 1,
-                                    false);
-                }
-            }
-            if (t == 0) {
-                for (int c = tid; c < BC && c0 + c < N; c += THREADS) {
-                    float g[1] = {0.f};
-                    for (int m = 0; m < M; ++m) g[0] += ds[m * BC + c];
-                    sgd_step<DT, 1>(b + c0 + c, {HAS_MOMENTUM ? b_buf + c0 + c : nullptr, nullptr, lr, momentum, wd},
-                                    g, 1, false);
-                }
-            }
+    for (int i = 0; i < OUTS; ++i) {
+        const int idx = i * THREADS + threadIdx.x, r = r0 + idx / BC, c = c0 + idx % BC;
+        if (idx < BR * BC && r < K && c < N) {
+            const float g[1] = {acc[i]};
+            const i64 at = (i64)r * N + c;
+            sgd_step<DT, 1>(w + at, {HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}, g, 1, false);
         }
-#pragma unroll
-        for (int i = 0; i < DXS; ++i) {
-            const int idx = i * THREADS + tid, m = idx / BR, r = idx % BR;
-            if (idx < M * BR && r0 + r < K)
-                dx[m * K + r0 + r] = Elt<DT>::store(as[idx] > 0.f ? acc[i] : 0.f);
+    }
+    if (block == 0) {
+        for (int c = c0 + threadIdx.x; c < c0 + BC && c < N; c += THREADS) {
+            float g[1] = {0.f};
+            for (int m = 0; m < M; ++m) g[0] += load_cg<DT>(d + (i64)m * N + c);
+            sgd_step<DT, 1>(b + c, {HAS_MOMENTUM ? b_buf + c : nullptr, nullptr, lr, momentum, wd}, g, 1, false);
         }
+    }
+}
+
+// The grid barrier after a phase; with STAMPS, block 0 then writes the GPU's nanosecond clock to
+// stamps[barriers so far] (stamps[0]: the launch's start), the phases' boundaries.
+template <int STAMPS>
+__device__ __forceinline__ void end_phase(u32* counter, u32 arrivals, i64* stamps) {
+    grid_barrier(counter, arrivals);
+    if constexpr (STAMPS) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) stamps[arrivals / gridDim.x] = (i64)globaltimer();
     }
 }
 
 // `steps` steps from the epoch's slot *pos on (wrapping at epoch_steps), then *pos += steps. x is
 // (images, IN) in T; y the images' int64 labels; batches (epoch_steps, M) int64 rows of x; params
 // and bufs flat fp32 (W_0, b_0, W_1, b_1, ...; bufs untouched without momentum); acts LAYERS x M x H
-// and grads LAYERS x M x H + M x OUT of T; slots cdiv(M, BL) fp32; counter zeroed by the host.
+// and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 (SPLIT_K > 1); slots
+// cdiv(M, BL) fp32; counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
 template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BC, int BL,
-          int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY>
+          int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
-            EltT<DT>* grads, float* slots, float* losses, u32* counter, i64* pos, int steps, int epoch_steps,
-            float lr, float momentum, float weight_decay, float inv_m) {
+            EltT<DT>* grads, float* part, float* slots, float* losses, u32* counter, i64* pos, i64* stamps, int steps,
+            int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float smem[];
-    constexpr int HIDDEN = H * H + H;            // W_l and b_l of a hidden layer
-    constexpr int W_LAST = IN * H + H + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
-    constexpr int MH = M * H;
+    constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
+    constexpr int W1 = IN * H + H, W_LAST = W1 + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
+    constexpr int N1 = LAYERS == 1 ? OUT : H;  // W_1's columns
+    constexpr int MH = M * H, K_EACH = cdiv_c(cdiv_c(IN, SPLIT_K), BK) * BK;
+    constexpr int DX_TILES = cdiv_c(M, BM) * cdiv_c(H, BN);
     EltT<DT>* const d_last = grads + LAYERS * MH;
+    if (STAMPS && blockIdx.x == 0 && threadIdx.x == 0) stamps[0] = (i64)globaltimer();
     const i64 first = *pos;
     u32 arrivals = 0;
     for (int step = 0; step < steps; ++step) {
         const i64 s = (first + step) % epoch_steps;
         const i64* rows = batches + s * M;
-        forward<DT, M, IN, H, BM, BN, BK, THREADS, true>(x, rows, params, params + IN * H, acts, smem);
-        grid_barrier(counter, arrivals += gridDim.x);
-        for (int l = 1; l < LAYERS; ++l) {
-            const int at = IN * H + H + (l - 1) * HIDDEN;
-            forward<DT, M, H, H, BM, BN, BK, THREADS, false>(acts + (l - 1) * MH, rows, params + at,
-                                                             params + at + H * H, acts + l * MH, smem);
-            grid_barrier(counter, arrivals += gridDim.x);
+        if constexpr (SPLIT_K == 1) {
+            forward<DT, M, IN, H, BM, BN, BK, THREADS, true, 1, K_EACH>(x, rows, params, params + IN * H, acts,
+                                                                        part, smem);
+        } else {
+            forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
+                                                                              part, smem);
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
+            split_sum<DT, M, H, THREADS, SPLIT_K>(part, params + IN * H, acts);
         }
-        loss<DT, M, H, OUT, BL, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,
-                                             d_last, slots, inv_m, smem);
-        grid_barrier(counter, arrivals += gridDim.x);
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
+        for (int l = 1; l < LAYERS; ++l) {
+            const int at = W1 + (l - 1) * HIDDEN;
+            forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1, H>(acts + (l - 1) * MH, rows, params + at,
+                                                                   params + at + H * H, acts + l * MH, part, smem);
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
+        }
+        loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,
+                                                 d_last, grads + (LAYERS - 1) * MH, slots, inv_m, smem);
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         if (blockIdx.x == 0 && threadIdx.x == 0) {  // the step's loss: the row blocks' sums in slot order
             float total = 0.f;
             for (int i = 0; i < cdiv_c(M, BL); ++i) total += ldcg1(slots + i);
             losses[s] = total * inv_m;
         }
-        backward<DT, M, H, OUT, BR, BC, THREADS, false, true, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
-            acts + (LAYERS - 1) * MH, rows, d_last, params + W_LAST, params + B_LAST, bufs + W_LAST, bufs + B_LAST,
-            grads + (LAYERS - 1) * MH, lr, momentum, weight_decay, smem);
-        grid_barrier(counter, arrivals += gridDim.x);
-        for (int l = LAYERS - 1; l >= 1; --l) {  // hidden layers, last first: W_l (H x H) between A_l and A_{l+1}
-            const int at = IN * H + H + (l - 1) * HIDDEN;
-            backward<DT, M, H, H, BR, BC, THREADS, false, true, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
-                acts + (l - 1) * MH, rows, grads + l * MH, params + at, params + at + H * H, bufs + at,
-                bufs + at + H * H, grads + (l - 1) * MH, lr, momentum, weight_decay, smem);
-            grid_barrier(counter, arrivals += gridDim.x);
+        for (int l = LAYERS - 1; l >= 1; --l) {  // dx through W_l (H x H), and W_{l+1}'s update
+            const int at = W1 + (l - 1) * HIDDEN, next = at + HIDDEN;
+            const bool last = l + 1 == LAYERS;  // W_{l+1} is W_L (H x OUT)
+            const int tiles = DX_TILES + cdiv_c(H, BR) * (last ? cdiv_c(OUT, BC) : cdiv_c(H, BC));
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                if (t < DX_TILES)
+                    input_grad<DT, M, H, H, BM, BN, BK, THREADS>(grads + l * MH, params + at, acts + (l - 1) * MH,
+                                                                 grads + (l - 1) * MH, t, smem);
+                else if (last)
+                    update<DT, M, H, OUT, BR, BC, BK, THREADS, false, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
+                        acts + l * MH, rows, d_last, params + next, params + next + H * OUT, bufs + next,
+                        bufs + next + H * OUT, t - DX_TILES, lr, momentum, weight_decay, smem);
+                else
+                    update<DT, M, H, H, BR, BC, BK, THREADS, false, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
+                        acts + l * MH, rows, grads + (l + 1) * MH, params + next, params + next + H * H, bufs + next,
+                        bufs + next + H * H, t - DX_TILES, lr, momentum, weight_decay, smem);
+            }
+            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
-        backward<DT, M, IN, H, BR, BC, THREADS, true, false, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
-            x, rows, grads, params, params + IN * H, bufs, bufs + IN * H, nullptr, lr, momentum, weight_decay,
-            smem);
-        grid_barrier(counter, arrivals += gridDim.x);
+        constexpr int FIRST_TILES = cdiv_c(H, BR) * cdiv_c(N1, BC);  // W_1's, then W_0's
+        for (int t = blockIdx.x; t < FIRST_TILES + cdiv_c(IN, BR) * cdiv_c(H, BC); t += gridDim.x) {
+            if (t < FIRST_TILES)
+                update<DT, M, H, N1, BR, BC, BK, THREADS, false, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
+                    acts, rows, grads + MH, params + W1, params + W1 + H * N1, bufs + W1, bufs + W1 + H * N1, t, lr,
+                    momentum, weight_decay, smem);
+            else
+                update<DT, M, IN, H, BR, BC, BK, THREADS, true, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
+                    x, rows, grads, params, params + IN * H, bufs, bufs + IN * H, t - FIRST_TILES, lr, momentum,
+                    weight_decay, smem);
+        }
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *pos = first + steps;
 }
@@ -330,7 +401,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
 // The default config (kernels_cuda/persistent.py: CUDA_DEFAULT) at the default protocol's shape, with
 // momentum, instantiated for the build line at the top.
 void* const standalone_kernels[] = {
-    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 16, 16, 16, 256, 1, 0>,
-    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 16, 16, 16, 256, 1, 0>,
+    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
+    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
 };
 #endif

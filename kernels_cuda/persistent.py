@@ -1,17 +1,11 @@
 """Many training steps of the MLP in one launch: the CUDA twin of kernels_triton/persistent.py
-(whose docstring has the why), on persistent.cu's train_steps.
+(whose docstring has the why and the phases), on persistent.cu's train_steps.
 
 The Triton twin's plan, scratch and refusals (kernels_core/persistent.py), one block of
-32 x num_warps threads a program, and refusals of its own: labels other than int64 (the kernel
-reads 8-byte labels), a batch whose phases need more shared memory than the GPU gives a block (the
-backward holds a block's columns of the whole batch's activations), and SPLIT_K > 1. The products
-are FMAs on the CUDA cores (persistent.cu's header: the rounding, the phases, what each reads and
-writes).
-
-Its backward is the Triton twin's earlier one: a block owns BR rows of a layer's weights and walks
-their columns BC at a time, input gradient then update, one phase a layer (2 x layers + 2 barriers
-a step), where the Triton twin hands out tiles of both over the grid. So BR and BC mean rows owned
-and a column step here, and take their own defaults.
+32 x num_warps threads a program, and two refusals of its own: labels other than int64 (the
+kernel reads 8-byte labels), and a config whose tiles need more shared memory than the GPU gives a
+block. The products are FMAs on the CUDA cores (persistent.cu's header: the rounding, the phases,
+what each reads and writes).
 """
 from __future__ import annotations
 
@@ -20,30 +14,27 @@ from dataclasses import dataclass
 import torch
 
 from kernels_core.contract import cdiv
-from kernels_core.persistent import (DEFAULT, Layout, blocks_per_sm, check_barrier_count, check_coresident,
-                                     check_inputs, resolve_config)
+from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
+                                     check_inputs, check_stamps, resolve_config)
 
 from . import _runtime as rt
 
 
-# The backward's rows owned and column step: 16 x 16 keeps 49 blocks on the first layer's 784 rows.
-CUDA_DEFAULT = {**DEFAULT, "BR": 16, "BC": 16}
-
-
 def smem_bytes(cfg: dict, layout: Layout) -> int:
     """Dynamic shared memory of a block: persistent.cu's PersistentSmem<...>::FLOATS, in bytes."""
-    m, bk = layout.batch, cfg["BK"]
+    bk, out = cfg["BK"], layout.classes
     forward = cfg["BM"] * (bk + 1) + bk * cfg["BN"]
-    loss = cfg["BL"] * (bk + 1) + bk * layout.classes + cfg["BL"] * layout.classes + cfg["BL"]
-    backward = m * cfg["BR"] + m * cfg["BC"] + cfg["BR"] * (cfg["BC"] + 1)
-    return 4 * max(forward, loss, backward)
+    update = cfg["BR"] * (bk + 1) + bk * cfg["BC"]
+    loss = max(cfg["BL"] * (bk + 1) + bk * out, cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
+    return 4 * max(forward, update, loss)
 
 
-def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool) -> rt.Variant:
+def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
+            stamps: bool = False) -> rt.Variant:
     return rt.Variant("persistent.cu", "train_steps", (
         rt.DT_CODE[dtype], layout.layers, layout.inputs, layout.hidden, layout.classes, layout.batch,
-        cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BC"], cfg["BL"], 32 * cfg["num_warps"],
-        int(momentum), int(weight_decay)))
+        cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BC"], cfg["BL"], cfg["SPLIT_K"], 32 * cfg["num_warps"],
+        int(momentum), int(weight_decay), int(stamps)))
 
 
 @dataclass
@@ -62,9 +53,13 @@ class Plan:
     counter: torch.Tensor
     tag: tuple
     tensors: tuple  # what the pointers point to, alive as long as the plan
+    stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        check_barrier_count(steps, 2 * self.layout.layers + 2, self.programs)
+        barriers = barriers_per_step(self.layout.layers, self.config["SPLIT_K"])
+        check_barrier_count(steps, barriers, self.programs)
+        if self.stamps is not None:
+            check_stamps(self.stamps, steps, barriers)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)
@@ -72,17 +67,18 @@ class Plan:
 
 def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
          bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, *, lr: float, momentum: float = 0.0,
-         weight_decay: float = 0.0, config: dict | None = None) -> Plan:
+         weight_decay: float = 0.0, config: dict | None = None, stamps: torch.Tensor | None = None) -> Plan:
     """The launch that trains `params` (flat fp32, `layout`'s order; `bufs` likewise, or None
     without momentum) on x[batches[s]], y[batches[s]] for the slots s = *pos, *pos + 1, ... (mod
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; y: int64 labels; batches: (epoch's steps, batch)
-    int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
-    cfg = resolve_config(config, CUDA_DEFAULT)
-    if cfg["SPLIT_K"] != 1:
-        raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']}; this twin's first layer runs in one piece (SPLIT_K=1)")
-    for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
-        rt.check_cuda(name, t)
+    int64, the trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches').
+    stamps (int64): each launch writes the clock (ns) at its start and after each barrier."""
+    cfg = resolve_config(config)
+    for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses),
+                    ("stamps", stamps)):
+        if t is not None:
+            rt.check_cuda(name, t)
     dtype = check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)
     if y.dtype != torch.int64:  # the kernel reads 8-byte labels
         raise ValueError(f"y: {y.dtype}, expected int64 labels")
@@ -90,12 +86,12 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     smem = smem_bytes(cfg, layout)
     limit = rt.device_props(dev)[1]
     if smem > limit:
-        raise ValueError(f"config: a block needs {smem} bytes of shared memory at batch {layout.batch} "
-                         f"(BR={cfg['BR']}, BC={cfg['BC']}), the GPU allows {limit}; ask for smaller BR and BC "
-                         "or a smaller batch")
+        raise ValueError(f"config: a block needs {smem} bytes of shared memory (tiles BM={cfg['BM']}, BN={cfg['BN']}, "
+                         f"BK={cfg['BK']}, BR={cfg['BR']}, BC={cfg['BC']}, BL={cfg['BL']}), the GPU allows {limit}; "
+                         "ask for smaller tiles")
     threads = 32 * cfg["num_warps"]
     programs = cfg["PROGRAMS"] or rt.sm_count(dev)
-    kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay))
+    kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay), stamps is not None)
     fn = rt.function(kernel, dev, smem)
     with rt.cupy().cuda.Device(dev):
         per_sm = blocks_per_sm(fn.kernel.ptr, threads, smem)
@@ -104,8 +100,11 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     counter = torch.zeros(1, dtype=torch.int32, device=x.device)
     acts = torch.empty(layout.activation_elems, dtype=x.dtype, device=x.device)
     grads = torch.empty(layout.gradient_elems, dtype=x.dtype, device=x.device)
+    part = torch.empty(cfg["SPLIT_K"] * m * layout.hidden if cfg["SPLIT_K"] > 1 else 1, dtype=torch.float32,
+                       device=x.device)
     slots = torch.empty(cdiv(m, cfg["BL"]), dtype=torch.float32, device=x.device)
-    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, slots, losses, counter, pos)
+    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, slots, losses, counter, pos,
+               counter if stamps is None else stamps)
     tail = (rt.i32(batches.shape[0]), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay), rt.f32(1.0 / m))
     return Plan(layout, cfg, programs, kernel, dev, smem, tuple(rt.ptr(t) for t in tensors), tail, counter,
-                rt.tag("persistent", dtype, cfg), tensors)
+                rt.tag("persistent", dtype, cfg), tensors, stamps)

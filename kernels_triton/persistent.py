@@ -53,9 +53,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer
 
 from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
-                                     check_inputs, resolve_config)
+                                     check_inputs, check_stamps, resolve_config)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -74,6 +75,16 @@ def grid_barrier(counter_ptr, arrivals):
     while seen < arrivals:
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS: tl.constexpr):
+    """The grid barrier after a phase; with STAMPS, program 0 then writes the GPU's nanosecond clock
+    to stamps[barriers so far] (stamps[0]: the launch's start), the phases' boundaries."""
+    grid_barrier(counter_ptr, arrivals)
+    if STAMPS:
+        if pid == 0:
+            tl.store(stamps_ptr + arrivals // programs, globaltimer())
 
 
 @triton.jit
@@ -249,15 +260,18 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
 @triton.jit(do_not_specialize=["steps", "epoch_steps"])  # one compile for every segment
 def _train_kernel(
     x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, slots_ptr, losses_ptr, counter_ptr,
-    pos_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
+    pos_ptr, stamps_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
     NP: tl.constexpr, SPLIT_K: tl.constexpr, K_EACH: tl.constexpr,
-    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
+    HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STAMPS: tl.constexpr,
 ):
     """`steps` steps from the epoch's slot *pos_ptr on (wrapping at epoch_steps), then *pos_ptr +=
     steps (the module docstring)."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
+    if STAMPS:
+        if pid == 0:
+            tl.store(stamps_ptr, globaltimer())
     first = tl.load(pos_ptr)
     MH: tl.constexpr = M * H
     W1: tl.constexpr = IN * H + H  # Layout.offsets: W_0, b_0, then (H x H + H) a hidden layer, then W_L, b_L
@@ -274,21 +288,21 @@ def _train_kernel(
             _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, part_ptr, M, pid, programs, H, IN, True, SPLIT_K, K_EACH,
                      BM, BN, BK)
             arrivals += programs
-            grid_barrier(counter_ptr, arrivals)
+            _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
             _split_sum(part_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, SPLIT_K, BM, BN)
         arrivals += programs
-        grid_barrier(counter_ptr, arrivals)
+        _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         for l in tl.static_range(1, LAYERS):
             w = W1 + (l - 1) * (H * H + H)
             _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, M, pid,
                      programs, H, H, False, 1, H, BM, BN, BK)
             arrivals += programs
-            grid_barrier(counter_ptr, arrivals)
+            _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         w_last = W1 + (LAYERS - 1) * (H * H + H)
         _loss(acts_ptr + (LAYERS - 1) * MH, p_ptr + w_last, p_ptr + w_last + H * OUT, y_ptr, rows, d_last,
               grads_ptr + (LAYERS - 1) * MH, slots_ptr, M, inv_m, pid, programs, OUT, H, BL, BN, BK, NP)
         arrivals += programs
-        grid_barrier(counter_ptr, arrivals)
+        _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         if pid == 0:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
             for i in range(tl.cdiv(M, BL)):
@@ -309,7 +323,7 @@ def _train_kernel(
                             buf_ptr + nxt, buf_ptr + nxt + H * n_next, t - dx_tiles, M, lr, momentum, weight_decay,
                             H, n_next, False, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
             arrivals += programs
-            grid_barrier(counter_ptr, arrivals)
+            _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         first_tiles = tl.cdiv(H, BR) * tl.cdiv(N1, BC)  # W_1's, then W_0's
         for t in range(pid, first_tiles + tl.cdiv(IN, BR) * tl.cdiv(H, BC), programs):
             if t < first_tiles:
@@ -320,7 +334,7 @@ def _train_kernel(
                 _update(x_ptr, rows, grads_ptr, p_ptr, p_ptr + IN * H, buf_ptr, buf_ptr + IN * H, t - first_tiles, M,
                         lr, momentum, weight_decay, IN, H, True, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
         arrivals += programs
-        grid_barrier(counter_ptr, arrivals)
+        _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
     if pid == 0:  # every program read the position before the first barrier
         tl.store(pos_ptr, first + steps)
 
@@ -336,22 +350,29 @@ class Plan:
     programs: int
     args: dict
     counter: torch.Tensor
+    stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        check_barrier_count(steps, barriers_per_step(self.layout.layers, self.config["SPLIT_K"]), self.programs)
+        barriers = barriers_per_step(self.layout.layers, self.config["SPLIT_K"])
+        check_barrier_count(steps, barriers, self.programs)
+        if self.stamps is not None:
+            check_stamps(self.stamps, steps, barriers)
         self.counter.zero_()
         _train_kernel[(self.programs,)](**self.args, steps=steps, num_warps=self.config["num_warps"])
 
 
 def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
          bufs: torch.Tensor | None, losses: torch.Tensor, layout: Layout, *, lr: float, momentum: float = 0.0,
-         weight_decay: float = 0.0, config: dict | None = None) -> Plan:
+         weight_decay: float = 0.0, config: dict | None = None, stamps: torch.Tensor | None = None) -> Plan:
     """The launch that trains `params` (flat fp32, `layout`'s order; `bufs` likewise, or None
     without momentum) on x[batches[s]], y[batches[s]] for the slots s = *pos, *pos + 1, ... (mod
     the epoch's steps) a run asks for, each step's mean loss into losses[s], and advances *pos.
     x: (images, inputs) in the compute dtype; batches: (epoch's steps, batch) int64, the
-    trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches')."""
+    trainer's permutation as rows; pos: an int64 device scalar (trainer.data.DeviceBatches').
+    stamps (int64, GPU only): each launch writes the clock (ns) at its start and after each barrier."""
     cfg = resolve_config(config)
+    if stamps is not None and rt.interpreting():
+        raise ValueError("stamps: Triton's interpreter has no GPU clock to read")
     for name, t in (("x", x), ("y", y), ("batches", batches), ("pos", pos), ("params", params), ("losses", losses)):
         rt.check_device(name, t)
     check_inputs(x, batches, pos, params, bufs, losses, layout, momentum)
@@ -366,10 +387,11 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
         grads_ptr=torch.empty(layout.gradient_elems, dtype=x.dtype, device=device),
         part_ptr=torch.empty(split * m * h if split > 1 else 1, dtype=torch.float32, device=device),
         slots_ptr=torch.empty(triton.cdiv(m, cfg["BL"]), dtype=torch.float32, device=device),
-        losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, epoch_steps=batches.shape[0], lr=lr, momentum=momentum,
-        weight_decay=weight_decay, inv_m=1.0 / m, **constants(layout, cfg, bool(momentum), bool(weight_decay)),
+        losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, stamps_ptr=counter if stamps is None else stamps,
+        epoch_steps=batches.shape[0], lr=lr, momentum=momentum, weight_decay=weight_decay, inv_m=1.0 / m,
+        **constants(layout, cfg, bool(momentum), bool(weight_decay), stamps is not None),
     )
-    p = Plan(layout, cfg, programs, args, counter)
+    p = Plan(layout, cfg, programs, args, counter, stamps)
     if device.type == "cuda":
         compiled = _train_kernel.warmup(**args, steps=0, grid=(programs,), num_warps=cfg["num_warps"])
         compiled._init_handles()
@@ -378,13 +400,13 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     return p
 
 
-def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool) -> dict:
+def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, stamps: bool = False) -> dict:
     """The kernel's compile-time arguments for a model and a resolved config."""
     tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BC", "BL", "SPLIT_K")}
     return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
                 NP=max(16, triton.next_power_of_2(layout.classes)),
                 K_EACH=triton.cdiv(triton.cdiv(layout.inputs, cfg["SPLIT_K"]), cfg["BK"]) * cfg["BK"],
-                HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay)
+                HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps)
 
 
 def _programs(cfg: dict, layout: Layout, device: torch.device) -> int:

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_barrier_count, check_coresident
+from kernels_core.persistent import (DEFAULT, Layout, barriers_per_step, check_barrier_count, check_coresident,
+                                     check_stamps)
 from kernels_triton import persistent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,13 +188,13 @@ from triton.compiler import ASTSource
 from kernels_core.persistent import DEFAULT, Layout
 from kernels_triton.persistent import _train_kernel, constants
 from kernels_triton.reports import _ptxas_usage
-arch, dt = int(sys.argv[1]), sys.argv[2]
+arch, dt, stamps = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "stamps"
 ptr = "*" + dt
 signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp32", "buf_ptr": "*fp32",
              "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "slots_ptr": "*fp32", "losses_ptr": "*fp32",
-             "counter_ptr": "*i32", "pos_ptr": "*i64", "steps": "i32", "epoch_steps": "i32", "lr": "fp32",
-             "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
-constexprs = constants(Layout(hidden=128, layers=2, batch=128), DEFAULT, True, False)
+             "counter_ptr": "*i32", "pos_ptr": "*i64", "stamps_ptr": "*i64", "steps": "i32", "epoch_steps": "i32",
+             "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
+constexprs = constants(Layout(hidden=128, layers=2, batch=128), DEFAULT, True, False, stamps)
 for name in constexprs:
     signature[name] = "constexpr"
 k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
@@ -201,6 +202,33 @@ k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=c
 regs, spills = _ptxas_usage(k.asm["ptx"])
 print(json.dumps(dict(ptx=k.asm["ptx"], cubin=k.asm["cubin"].hex(), regs=regs, spills=spills)))
 """
+
+
+def _compile(arch: int, dtype: str, stamps: bool) -> dict:
+    import json
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
+    return json.loads(subprocess.run([sys.executable, "-c", _COMPILE, str(arch), dtype, "stamps" if stamps else "-"],
+                                     check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout)
+
+
+def test_the_phase_clock_is_read_only_when_asked_for():
+    """With stamps the kernel reads the GPU's clock at its start and after each barrier (program 0
+    alone, under a branch); without, never."""
+    with_clock, without = _compile(90, "fp32", stamps=True)["ptx"], _compile(90, "fp32", stamps=False)["ptx"]
+    assert with_clock.count("%globaltimer") == 1 + barriers_per_step(2, DEFAULT["SPLIT_K"])
+    assert "%globaltimer" not in without
+
+
+def test_stamps_are_refused_under_the_interpreter_and_short_or_of_another_dtype():
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="stamps: Triton's interpreter has no GPU clock"):
+            persistent.plan(*_args(), lr=0.1, stamps=torch.zeros(100, dtype=torch.int64))
+    check_stamps(torch.zeros(11, dtype=torch.int64), 2, 5)
+    with pytest.raises(ValueError, match=r"stamps: torch.int64 \(10,\), expected int64 with 11 entries for 2 steps"):
+        check_stamps(torch.zeros(10, dtype=torch.int64), 2, 5)
+    with pytest.raises(ValueError, match="stamps: torch.int32"):
+        check_stamps(torch.zeros(11, dtype=torch.int32), 2, 5)
 
 
 @pytest.mark.parametrize("arch,dtype,instruction", [(80, "fp32", None), (90, "fp32", None),
@@ -214,8 +242,7 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     import json
 
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
-    out = json.loads(subprocess.run([sys.executable, "-c", _COMPILE, str(arch), dtype],
-                                    check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout)
+    out = _compile(arch, dtype, stamps=False)
     ops = set(re.findall(r"\b(?:red|atom|ld|mma|wgmma)\.[\w.]+", out["ptx"]))
     assert arch != 90 or out["spills"] == 0, f"{out['spills']} bytes of spill stores"
     assert any(op.startswith(("red.", "atom.")) and ".gpu" in op and ".release" in op for op in ops), ops
@@ -334,12 +361,15 @@ def test_persistent_is_refused_where_the_model_does_not_fit_on_chip_and_auto_pic
         assert f"--persistent auto: {picked}" in capsys.readouterr().err
 
 
-def test_the_configs_experiment_refuses_an_unknown_config_and_a_machine_without_a_gpu(capsys):
+def test_the_configs_experiment_refuses_an_unknown_config_or_backend_and_a_machine_without_a_gpu(capsys):
     from experiments import persistent_configs
 
     with pytest.raises(SystemExit) as exit_:
         persistent_configs.main(["--configs", "default,huge"])
     assert exit_.value.code == 2 and "unknown configs ['huge']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        persistent_configs.main(["--backends", "triton,torch"])
+    assert exit_.value.code == 2 and "--backends triton,torch: of triton, cuda" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as exit_:
             persistent_configs.main(["--configs", "default"])

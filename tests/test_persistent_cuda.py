@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from kernels_core.persistent import DEFAULT, Layout, check_inputs
+from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_inputs
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
@@ -24,17 +24,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 PROTOCOL = Layout(hidden=128, layers=2, batch=128)
-# Shapes and configs whose shared memory the host sizes: the backward's the largest (the protocol's
-# default, a batch of 512), the forward's (BM = BK = 64 at batch 24), the loss's (BL = BK = 128).
-SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=32, BC=64)),
+# Shapes and configs whose shared memory the host sizes, each a different phase's the largest: the
+# products' (the protocol's default), an update tile's (BR = 64, BC = 64), a forward tile's (BM =
+# BK = 64), the loss's (BL = 128, its dx step BN = 128 rows of W_L).
+SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=64, BC=64)),
               (Layout(hidden=40, layers=3, batch=24, inputs=70), dict(BM=64, BK=64)),
-              (Layout(hidden=17, layers=1, batch=37, inputs=33), dict(BM=16, BN=16, BK=128, BL=128))]
+              (Layout(hidden=17, layers=1, batch=37, inputs=33), dict(BM=16, BN=128, BK=16, BL=128))]
 
 
 def _smem_asserts() -> str:
     lines = []
     for layout, config in SMEM_CASES:
-        cfg = {**persistent.CUDA_DEFAULT, **config}
+        cfg = {**DEFAULT, **config}
         targs = ", ".join(str(v) for v in (layout.batch, layout.classes, cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"],
                                            cfg["BC"], cfg["BL"]))
         lines.append(f"static_assert(PersistentSmem<{targs}>::FLOATS * 4 == {persistent.smem_bytes(cfg, layout)}, "
@@ -45,7 +46,7 @@ def _smem_asserts() -> str:
 def _build(tmp_path, arch: int):
     """(ptxas's report by name expression, SASS by name expression) of the default config at the
     protocol's shape with momentum, fp32 and fp16, built from the pasted source."""
-    kernels = {dtype: persistent.variant(dtype, persistent.CUDA_DEFAULT, PROTOCOL, True, False).name_expr
+    kernels = {dtype: persistent.variant(dtype, DEFAULT, PROTOCOL, True, False).name_expr
                for dtype in ("fp32", "fp16")}
     refs = ",\n".join(f"(void*)&{e}" for e in kernels.values())
     source, cubin = tmp_path / "persistent.cu", tmp_path / "persistent.cubin"
@@ -72,7 +73,7 @@ def _ops(sass: str) -> list[str]:
 @pytest.mark.parametrize("arch", [80, 90])
 def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp_path, arch):
     """At the default protocol's shape (784-128-128-10, batch 128), fp32 and fp16: ptxas accepts the
-    text NVRTC gets and spills nothing; each step has 2 x 2 + 2 barriers, each arriving with a
+    text NVRTC gets and spills nothing; each step has 2 x 2 + 1 barriers, each arriving with a
     GPU-scope reduction after a GPU-wide fence (release) and polling with a GPU-scope load after
     which the multiprocessor's L1 is invalidated (acquire; a relaxed poll has no CCTL); the data
     other blocks wrote is read with GPU-scope (.cg) loads beside the polls, 16-bit ones in fp16.
@@ -82,7 +83,7 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
         assert usage[dtype]["spill_bytes"] == 0, (dtype, usage[dtype])
         assert 0 < usage[dtype]["registers"] <= 255, (dtype, usage[dtype])
         arrivals = [i for i, op in enumerate(ops) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
-        assert len(arrivals) == 2 * PROTOCOL.layers + 2, (dtype, len(arrivals))
+        assert len(arrivals) == barriers_per_step(PROTOCOL.layers, DEFAULT["SPLIT_K"]), (dtype, len(arrivals))
         for before, at, after in zip([0] + arrivals, arrivals, arrivals[1:] + [len(ops)]):
             assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in ops[before:at]), (dtype, at)
             poll = next(i for i in range(at, after) if ops[i] == "LDG.E.STRONG.GPU")
@@ -106,8 +107,6 @@ def test_a_bad_config_is_refused_by_the_shared_rules():
     with pytest.raises(ValueError, match=re.escape(f"unknown tunables ['BLOCK_M']; the persistent kernel's are "
                                                    f"{sorted(DEFAULT)}")):
         persistent.plan(*_args(), lr=0.1, config=dict(BLOCK_M=32))
-    with pytest.raises(ValueError, match="SPLIT_K=2; this twin's first layer runs in one piece"):
-        persistent.plan(*_args(), lr=0.1, config=dict(SPLIT_K=2))
 
 
 def test_a_cpu_tensor_is_refused_in_one_line():
@@ -173,15 +172,15 @@ def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr):
 @pytest.mark.parametrize("dtype,layout,sgd", CPU_CASES)
 def test_irregular_shapes_in_two_launches_track_float64_training(dtype, layout, sgd):
     """The Triton twin's interpreter cases (no side a multiple of a tile) on 3 blocks of 2 warps:
-    tiles, rows and columns shared out unevenly, and a second launch going on from the first's
-    weights, momentum and position."""
+    tiles of 16 shared out unevenly, the first layer's K in 2 slices, and a second launch going on
+    from the first's weights, momentum and position."""
     images, steps = 4 * layout.batch, STEPS[dtype]
     x = torch.randn(images, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
     y = torch.randint(0, layout.classes, (images,), device="cuda")
     batches = torch.stack([torch.randperm(images, device="cuda")[:layout.batch] for _ in range(steps)])
     p0 = torch.randn(layout.numel, device="cuda") * 0.2
     params, losses = _train(x, y, batches, p0, layout, [2, steps - 2], sgd,
-                            config=dict(BM=16, BN=16, BK=16, num_warps=2, PROGRAMS=3))
+                            config=dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=2, num_warps=2, PROGRAMS=3))
     check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd)
 
 
