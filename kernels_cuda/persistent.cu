@@ -338,12 +338,9 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     for (int step = 0; step < steps; ++step) {
         const i64 s = (first + step) % epoch_steps;
         const i64* rows = batches + s * M;
-        if constexpr (SPLIT_K == 1) {
-            forward<DT, M, IN, H, BM, BN, BK, THREADS, true, 1, K_EACH>(x, rows, params, params + IN * H, acts,
-                                                                        part, smem);
-        } else {
-            forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
-                                                                              part, smem);
+        forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
+                                                                          part, smem);
+        if constexpr (SPLIT_K > 1) {
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
             split_sum<DT, M, H, THREADS, SPLIT_K>(part, params + IN * H, acts);
         }
@@ -398,7 +395,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
 }
 
 #ifdef STANDALONE
-// The default config (kernels_cuda/persistent.py: CUDA_DEFAULT) at the default protocol's shape, with
+// The default config (kernels_core/persistent.py: DEFAULT) at the default protocol's shape, with
 // momentum, instantiated for the build line at the top.
 void* const standalone_kernels[] = {
     (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,

@@ -88,6 +88,17 @@ def _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS: tl.cons
 
 
 @triton.jit
+def _source_rows(rows_ptr, offs, mask, GATHER: tl.constexpr):
+    """Which rows of a layer's input the batch's rows `offs` are: the dataset's rows[offs] (GATHER)
+    or the scratch's own."""
+    if GATHER:
+        src = tl.load(rows_ptr + offs, mask=mask, other=0)
+    else:
+        src = offs
+    return src
+
+
+@triton.jit
 def _load_a(a_ptr, src, cols, mask, K: tl.constexpr, GATHER: tl.constexpr):
     """a[src, cols] of a row-major (*, K) a: the dataset's rows (GATHER; read-only, cached as usual)
     or a phase's output (`.cg`: another program wrote it)."""
@@ -115,12 +126,12 @@ def _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, k_lo, k_hi, N: tl.const
 
 
 @triton.jit
-def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, M, pid, programs,
+def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
              N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr, K_EACH: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N), in BM x BN
-    tiles. SPLIT > 1: tile t's slice s of K_EACH k's sums into out's fp32 partial s (SPLIT x M x N),
-    and _split_sum finishes the layer after a barrier."""
+    tiles. SPLIT > 1: tile t's slice s of K_EACH k's sums into the fp32 partial s of part (SPLIT x M
+    x N), and _split_sum finishes the layer into out after a barrier."""
     tiles_n = tl.cdiv(N, BN)
     tiles = tl.cdiv(M, BM) * tiles_n
     for t in range(pid, tiles * SPLIT, programs):
@@ -129,18 +140,14 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, M, pid, programs,
         offs_m = (tile // tiles_n) * BM + tl.arange(0, BM)
         offs_n = (tile % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
-        if GATHER:
-            src = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
-        else:
-            src = offs_m
-        acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
+        acc = _tile_product(a_ptr, _source_rows(rows_ptr, offs_m, in_m, GATHER), in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
                             BM, BN, BK)
-        out = out_ptr + offs_m[:, None] * N + offs_n[None, :]
+        at = offs_m[:, None] * N + offs_n[None, :]
         if SPLIT == 1:
             acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
         else:
-            tl.store(out + s * M * N, acc, mask=in_m[:, None] & in_n[None, :])
+            tl.store(part_ptr + s * M * N + at, acc, mask=in_m[:, None] & in_n[None, :])
 
 
 @triton.jit
@@ -239,11 +246,7 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
     for b0 in range(0, M, BK):
         offs_b = b0 + tl.arange(0, BK)
         in_b = offs_b < M
-        if GATHER:
-            src = tl.load(rows_ptr + offs_b, mask=in_b, other=0)
-        else:
-            src = offs_b
-        a = _load_a(a_ptr, src, offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
+        a = _load_a(a_ptr, _source_rows(rows_ptr, offs_b, in_b, GATHER), offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
         d = tl.load(d_ptr + offs_b[:, None] * N + offs_c[None, :], mask=in_b[:, None] & in_c[None, :], other=0.0,
                     cache_modifier=".cg")
         g = _dot(tl.trans(a), d, g, tl.float32, 0)
@@ -281,12 +284,9 @@ def _train_kernel(
     for step in range(steps):
         s = (first + step) % epoch_steps
         rows = batches_ptr + s * M
-        if SPLIT_K == 1:
-            _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, IN, True, 1, K_EACH,
-                     BM, BN, BK)
-        else:
-            _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, part_ptr, M, pid, programs, H, IN, True, SPLIT_K, K_EACH,
-                     BM, BN, BK)
+        _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, part_ptr, M, pid, programs, H, IN, True, SPLIT_K,
+                 K_EACH, BM, BN, BK)
+        if SPLIT_K > 1:
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
             _split_sum(part_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, SPLIT_K, BM, BN)
@@ -294,8 +294,8 @@ def _train_kernel(
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         for l in tl.static_range(1, LAYERS):
             w = W1 + (l - 1) * (H * H + H)
-            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, M, pid,
-                     programs, H, H, False, 1, H, BM, BN, BK)
+            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr, M,
+                     pid, programs, H, H, False, 1, H, BM, BN, BK)
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         w_last = W1 + (LAYERS - 1) * (H * H + H)
