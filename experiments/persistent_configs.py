@@ -46,6 +46,9 @@ CONFIGS = {  # name: what it changes from DEFAULT
     "split4": dict(SPLIT_K=4),
     "tiles16-split4": dict(BM=16, BN=16, SPLIT_K=4),
     "warps4": dict(num_warps=4),
+    "warps4-split4": dict(num_warps=4, SPLIT_K=4),
+    "tiles16-warps4-split4": dict(BM=16, BN=16, num_warps=4, SPLIT_K=4),
+    "split8": dict(SPLIT_K=8),
     "programs64": dict(PROGRAMS=64),
 }
 CHECK_STEPS = 5
