@@ -85,7 +85,7 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 # tl.dot's smallest), warps, programs (0: one a multiprocessor), and the first layer's split of its
 # K = 784 into SPLIT_K slices. BM x BN: a tile of a layer's output and of a layer's input gradient,
 # BK the k-step of their products and the batch's step in a weight gradient; BR x BC: a tile of
-# weights a program updates; BL: the loss's rows a program. Every phase hands its tiles out over the
+# weights a program updates; BL: the loss's rows a tile (with BN columns of the last layer's input gradient). Every phase hands its tiles out over the
 # whole grid, so a tile's size trades the number of tiles (at most one a program is best) against
 # each tile's chain of k-steps.
 DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)

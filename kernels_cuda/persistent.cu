@@ -12,9 +12,10 @@
 //   forward  l = 0 .. LAYERS-1: A_{l+1} = relu(A_l @ W_l + b_l) (A_0 = x[batches[s]]) in BM x BN
 //            tiles; the first layer's K may split into SPLIT_K slices summed into fp32 partials,
 //            which a phase more adds up in order (split_sum).
-//   loss     blocks of BL rows: logits = A_L @ W_L + b_L, D_L = (softmax - onehot(y)) / M into
-//            grads' last M x OUT, the block's summed loss into slots[block]; and at once the same
-//            rows' D_{L-1} = (D_L @ W_L^T) * (A_L > 0), since the block holds their whole D_L.
+//   loss     tiles of BL rows x BN columns of D_{L-1}: the rows' logits = A_L @ W_L + b_L and
+//            D_L = (softmax - onehot(y)) / M (into grads' last M x OUT, the row block's summed
+//            loss into slots[row block], by the row block's first tile); and at once D_{L-1} =
+//            (D_L @ W_L^T) * (A_L > 0), since each tile works out its rows' whole D_L.
 //   backward l = LAYERS-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles beside W_{l+1}'s
 //            update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, the batch BK rows at a time;
 //            fused.cuh's sgd_step, the rule of optim.cu; the tiles of row block 0 also update
@@ -61,24 +62,33 @@ struct PersistentSmem {
     static constexpr int FLOATS = max_c(FORWARD, max_c(UPDATE, LOSS));
 };
 
-// Shared memory's copy of SIZE elements, element e = i * THREADS + tid of each thread: load(e) for
-// all of them, then store(e, value) for all, so that a thread's loads are in flight together (the
-// .cg loads are volatile asm, which the compiler keeps in program order).
-template <int SIZE, int THREADS, typename Load, typename Store>
-__device__ __forceinline__ void stage(Load load, Store store) {
-    constexpr int EACH = cdiv_c(SIZE, THREADS);
+// A thread's share of a SIZE-element copy into shared memory, element e = i * THREADS + tid:
+// load(e) for all of them into registers, later store(e, value) for all, so that a thread's loads
+// are in flight together (the .cg loads are volatile asm, which the compiler keeps in program
+// order) and, in a product, while the last k-step's FMAs run.
+template <int SIZE, int THREADS>
+struct Staged {
+    static constexpr int EACH = cdiv_c(SIZE, THREADS);
     float v[EACH];
+
+    template <typename Load>
+    __device__ __forceinline__ void load(Load load) {
 #pragma unroll
-    for (int i = 0; i < EACH; ++i) {
-        const int e = i * THREADS + threadIdx.x;
-        v[i] = e < SIZE ? load(e) : 0.f;
+        for (int i = 0; i < EACH; ++i) {
+            const int e = i * THREADS + threadIdx.x;
+            v[i] = e < SIZE ? load(e) : 0.f;
+        }
     }
+
+    template <typename Store>
+    __device__ __forceinline__ void store(Store store) const {
 #pragma unroll
-    for (int i = 0; i < EACH; ++i) {
-        const int e = i * THREADS + threadIdx.x;
-        if (e < SIZE) store(e, v[i]);
+        for (int i = 0; i < EACH; ++i) {
+            const int e = i * THREADS + threadIdx.x;
+            if (e < SIZE) store(e, v[i]);
+        }
     }
-}
+};
 
 // The GPU's clock, in ns.
 __device__ __forceinline__ u64 globaltimer() {
@@ -119,15 +129,21 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     float* as = smem;
     float* ws = smem + BMT * LDA;
     const int tid = threadIdx.x;
+    Staged<BMT * BK, THREADS> left_k;
+    Staged<BK * BNT, THREADS> right_k;
+    auto fetch = [&](int k0) {
+        left_k.load([&](int e) { return k0 + e % BK < k_hi ? left(e / BK, k0 + e % BK) : 0.f; });
+        right_k.load([&](int e) { return k0 + e / BNT < k_hi ? right(k0 + e / BNT, e % BNT) : 0.f; });
+    };
 #pragma unroll
     for (int i = 0; i < OUTS; ++i) acc[i] = 0.f;
+    if (k_lo < k_hi) fetch(k_lo);
     for (int k0 = k_lo; k0 < k_hi; k0 += BK) {
         __syncthreads();  // the last tile's (or phase's) reads of the shared tiles are done
-        stage<BMT * BK, THREADS>([&](int e) { return k0 + e % BK < k_hi ? left(e / BK, k0 + e % BK) : 0.f; },
-                                 [&](int e, float v) { as[(e / BK) * LDA + e % BK] = v; });
-        stage<BK * BNT, THREADS>([&](int e) { return k0 + e / BNT < k_hi ? right(k0 + e / BNT, e % BNT) : 0.f; },
-                                 [&](int e, float v) { ws[e] = v; });
+        left_k.store([&](int e, float v) { as[(e / BK) * LDA + e % BK] = v; });
+        right_k.store([&](int e, float v) { ws[e] = v; });
         __syncthreads();
+        if (k0 + BK < k_hi) fetch(k0 + BK);  // the next k-step's operands, in flight during this one's FMAs
 #pragma unroll 4
         for (int k = 0; k < BK; ++k) {
 #pragma unroll
@@ -178,22 +194,27 @@ __device__ __forceinline__ void split_sum(const float* part, const float* b, Elt
     }
 }
 
-// logits = a @ w + b (a M x K, w K x N), rounded to T; d = (softmax - onehot(y[rows])) / M in T;
-// each block of BL rows' summed loss into slots[block], its rows' losses added in row order; then
-// the same rows' input gradient dx = (d @ w^T) * (a > 0), BN of a's columns at a time: the block
-// holds its rows' whole d, so the last layer's dx needs no barrier.
+// logits = a @ w + b (a M x K, w K x N), rounded to T; d = (softmax - onehot(y[rows])) / M in T,
+// BL rows at a time; then those rows' input gradient dx = (d @ w^T) * (a > 0) in BN of a's columns.
+// The tiles are (row block, BN columns of dx): each works out its rows' whole d (a short product,
+// N being the classes), so the last layer's dx needs no barrier and spreads over the grid; the
+// first tile of a row block stores d and the block's summed loss (its rows' losses in row order)
+// in slots[row block].
 template <int DT, int M, int K, int N, int BL, int BN, int BK, int THREADS>
 __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
                                      const i64* y, EltT<DT>* d, EltT<DT>* dx, float* slots, float inv_m,
                                      float* smem) {
-    constexpr int OUTS = cdiv_c(BL * N, THREADS);
+    constexpr int OUTS = cdiv_c(BL * N, THREADS), CHUNKS = cdiv_c(K, BN);
     float* wt = smem;  // BN rows of w, once the product's tiles are done with
     float* logits = smem + max_c(BL * (BK + 1) + BK * N, BN * N);
     float* dl = logits + BL * N;  // d as stored, the dx product's left operand
     float* row_loss = dl + BL * N;
     const int tid = threadIdx.x;
-    for (int t = blockIdx.x; t < cdiv_c(M, BL); t += gridDim.x) {
-        const int m0 = t * BL;
+    for (int t = blockIdx.x; t < cdiv_c(M, BL) * CHUNKS; t += gridDim.x) {
+        const int block = t / CHUNKS, m0 = block * BL, k0 = (t % CHUNKS) * BN;
+        const bool first = t % CHUNKS == 0;
+        Staged<BN * N, THREADS> w_rows;  // loaded now, stored once the product is done with its tiles
+        w_rows.load([&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
         float acc[OUTS];
         product<BL, N, BK, THREADS>(
             0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
@@ -203,7 +224,8 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             const int idx = i * THREADS + tid;
             if (idx < BL * N) logits[idx] = Elt<DT>::load(Elt<DT>::store(acc[i] + ldcg1(b + idx % N)));
         }
-        __syncthreads();
+        __syncthreads();  // the logits are whole, and the product's reads of its tiles done
+        w_rows.store([&](int e, float v) { wt[e] = v; });
         for (int r = tid; r < BL; r += THREADS) {
             const int m = m0 + r;
             float* z = logits + r * N;
@@ -216,7 +238,7 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
                 row_loss[r] = top + logf(total) - picked;
                 for (int n = 0; n < N; ++n) {
                     const EltT<DT> g = Elt<DT>::store((expf(z[n] - top) / total - (n == label ? 1.f : 0.f)) * inv_m);
-                    d[m * N + n] = g;
+                    if (first) d[m * N + n] = g;
                     dl[r * N + n] = Elt<DT>::load(g);
                 }
             } else {
@@ -224,25 +246,18 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             }
         }
         __syncthreads();
-        if (tid == 0) {
+        if (first && tid == 0) {
             float sum = 0.f;
             for (int r = 0; r < BL; ++r) sum += row_loss[r];
-            slots[t] = sum;
+            slots[block] = sum;
         }
-        for (int k0 = 0; k0 < K; k0 += BN) {
-            __syncthreads();  // the last chunk's reads of wt are done
-            stage<BN * N, THREADS>(
-                [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; },
-                [&](int e, float v) { wt[e] = v; });
-            __syncthreads();
-            for (int idx = tid; idx < BL * BN; idx += THREADS) {
-                const int r = idx / BN, k = k0 + idx % BN;
-                if (m0 + r < M && k < K) {
-                    float g = 0.f;
-                    for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
-                    const i64 at = (i64)(m0 + r) * K + k;
-                    dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? g : 0.f);
-                }
+        for (int idx = tid; idx < BL * BN; idx += THREADS) {
+            const int r = idx / BN, k = k0 + idx % BN;
+            if (m0 + r < M && k < K) {
+                float g = 0.f;
+                for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
+                const i64 at = (i64)(m0 + r) * K + k;
+                dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? g : 0.f);
             }
         }
     }

@@ -14,10 +14,11 @@ output):
     forward     A_{l+1} in BM x BN tiles, l = 0 .. L-1. The first layer's K = 784 may split into
                 SPLIT_K slices, each tile-slice summing into an fp32 partial, and a phase more
                 sums the partials in order and adds b_0 (a chain of 784 / SPLIT_K k-steps a tile).
-    loss        BL rows a program: D_L = (softmax(A_L @ W_L + b_L) - onehot) / B, each row block's
-                summed loss in a slot, and at once D_{L-1} = (D_L @ W_L^T) * (A_L > 0): the
-                program holds its rows' whole D_L, so the last layer's input gradient needs no
-                phase of its own.
+    loss        BL rows x BN columns of D_{L-1} a tile: the rows' D_L = (softmax(A_L @ W_L + b_L) -
+                onehot) / B (each row block's summed loss in a slot), and at once D_{L-1} = (D_L @
+                W_L^T) * (A_L > 0): D_L is a short product (its N is the classes) that each tile of
+                the row block works out whole, so the last layer's input gradient needs no phase
+                of its own and spreads over the grid.
     backward    for l = L-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles, beside
                 W_{l+1}'s update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, optim.py's
                 sgd_rule; the tiles of row block 0 also update b_{l+1}); last, W_1's and W_0's
@@ -171,14 +172,18 @@ def _split_sum(part_ptr, b_ptr, out_ptr, M, pid, programs, N: tl.constexpr, SPLI
 def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, dx_ptr, slots_ptr, M, inv_m, pid, programs,
           N: tl.constexpr, K: tl.constexpr, BL: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           NP: tl.constexpr):
-    """logits = a @ w + b (rounded to a's dtype, as the fused step stores them), d = (softmax -
-    onehot(y[rows])) / M in a's dtype, and each block of BL rows' summed loss into its slot; then
-    the same rows' input gradient dx = (d @ w^T) * (a > 0), BN of a's K columns at a time: a row
-    block's d is whole in the program that made it, so the last layer's dx needs no barrier."""
+    """logits = a @ w + b (rounded to a's dtype, as the fused step stores them) and d = (softmax -
+    onehot(y[rows])) / M in a's dtype, BL rows at a time; then those rows' input gradient dx = (d @
+    w^T) * (a > 0) in BN of a's K columns. A row block's d is whole in the program that made it, so
+    the last layer's dx needs no barrier: the tiles are (row block, BN columns of dx), each program
+    working out its rows' d (a short product: N is the classes), the first tile of a row block
+    storing d and the block's summed loss in its slot."""
     offs_n = tl.arange(0, NP)
     in_n = offs_n < N
-    for t in range(pid, tl.cdiv(M, BL), programs):
-        offs_m = t * BL + tl.arange(0, BL)
+    chunks = tl.cdiv(K, BN)
+    for t in range(pid, tl.cdiv(M, BL) * chunks, programs):
+        block = t // chunks
+        offs_m = block * BL + tl.arange(0, BL)
         in_m = offs_m < M
         acc = _tile_product(a_ptr, offs_m, in_m, w_ptr, offs_n, in_n, 0, K, N, K, False, BL, NP, BK)
         acc += tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
@@ -190,19 +195,19 @@ def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, dx_ptr, slots_ptr, M, inv
         rows = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
         label = tl.load(y_ptr + rows, mask=in_m, other=0)
         hit = offs_n[None, :] == label[:, None]
-        loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
         d = ((e / total[:, None] - tl.where(hit, 1.0, 0.0)) * inv_m).to(d_ptr.dtype.element_ty)
-        tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d, mask=in_m[:, None] & in_n[None, :])
-        tl.store(slots_ptr + t, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
-        for k0 in range(0, K, BN):
-            offs_k = k0 + tl.arange(0, BN)
-            in_k = offs_k < K
-            w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
-                          other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
-            dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
-            a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
-            tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
-                     mask=in_m[:, None] & in_k[None, :])
+        if t % chunks == 0:
+            loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
+            tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d, mask=in_m[:, None] & in_n[None, :])
+            tl.store(slots_ptr + block, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
+        offs_k = (t % chunks) * BN + tl.arange(0, BN)
+        in_k = offs_k < K
+        w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
+                      other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
+        dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
+        a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
+        tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
+                 mask=in_m[:, None] & in_k[None, :])
 
 
 @triton.jit
