@@ -8,9 +8,9 @@ from types import ModuleType
 from kernels_core import backends
 from kernels_core.targets import Target, resolve_target
 from autotune.workload import calls_for_shapes
-from kernels_core.mlp import Call, dedupe, mlp_calls
+from kernels_core.mlp import Call, dedupe, mlp_calls, persistent_call
 from kernels_core.shapes import OP_RANK, parse_shapes
-from kernels_core.contract import DTYPES, OPS
+from kernels_core.contract import DTYPES, OPS, TUNED_OPS
 from kernels_core.space import Space
 
 
@@ -34,7 +34,7 @@ class Plan:
         """Every tunable name of the chosen backends (all ops), for stable CSV columns."""
         names: list[str] = []
         for module in self.modules.values():
-            for op in OPS:
+            for op in TUNED_OPS:
                 for dtype in DTYPES:
                     try:
                         space = module.space(op, dtype)
@@ -44,10 +44,11 @@ class Plan:
         return names
 
 
-def split_list(text: str, allowed, what: str) -> list[str]:
+def split_list(text: str, allowed, what: str, everything=None) -> list[str]:
+    """The comma-separated `text`, each item one of `allowed`; "all": `everything` (default `allowed`)."""
     items = [s.strip() for s in text.split(",") if s.strip()]
     if items == ["all"]:
-        return list(allowed)
+        return list(allowed if everything is None else everything)
     unknown = [i for i in items if i not in allowed]
     if unknown or not items:
         raise ValueError(f"--{what}: unknown {unknown or 'empty list'}; choose from {', '.join(allowed)} or all")
@@ -61,7 +62,7 @@ NEEDS_GPU = {"cuda": "the raw-CUDA twin runs on an NVIDIA GPU only"}
 
 def build_plan(args: argparse.Namespace) -> Plan:
     target = resolve_target(args.target, compile_only=args.compile_only)
-    ops = split_list(args.ops, OPS, "ops")
+    ops = split_list(args.ops, TUNED_OPS, "ops", everything=OPS)  # the persistent kernel only when named
     # The workload's default is the trainer's default dtype, so a plain run tunes what it trains.
     dtypes = split_list(args.dtypes or ("fp16" if args.shapes is not None else "fp32"), tuple(DTYPES), "dtypes")
     names = split_list(args.backends, tuple(backends.registry()), "backends")
@@ -78,6 +79,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         else:
             calls = dedupe([c for hidden in args.hidden
                             for c in mlp_calls(hidden, args.layers, args.batch_size, dtype, momentum=args.momentum)
+                            + [persistent_call(hidden, args.layers, args.batch_size, dtype, args.momentum)]
                             if c.op in ops])
         ops_with_calls |= {c.op for c in calls}
         for call in calls:
@@ -97,7 +99,10 @@ def build_plan(args: argparse.Namespace) -> Plan:
         rank = OP_RANK[op]
         if op in ops_with_calls:
             continue
-        if shapes is not None:
+        if op == "persistent":
+            plan.skipped.append(f"{op}: the persistent kernel is tuned on the {args.workload} workload's net, "
+                                "which --shapes does not give (leave --shapes out)")
+        elif shapes is not None:
             plan.skipped.append(f"{op}: --shapes has no shape of {rank} dimension{'s' * (rank > 1)} ({op}'s rank)")
         else:  # the workload is the trainer's calls, and its MLP fuses the bias add and the ReLU into matmul
             plan.skipped.append(

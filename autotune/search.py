@@ -126,7 +126,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="auto", choices=["auto", *TARGETS],
                    help="GPU to tune for; auto = the local GPU; cpu = the host: the Triton twin under its "
                         "interpreter (pipeline tests; the CUDA twin is skipped; nothing to --compile-only)")
-    p.add_argument("--ops", default="all", help="comma-separated ops, or all (default)")
+    p.add_argument("--ops", default="all", help="comma-separated ops, or all (default: the contract's ops); "
+                   "persistent tunes the persistent training kernel on the workload's net, time per step")
     p.add_argument("--backends", default="cuda,triton", help="comma-separated (default cuda,triton; "
                    "more via AUTOTUNE_BACKENDS=name=module)")
     p.add_argument("--dtypes", default=None,

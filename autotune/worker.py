@@ -174,7 +174,7 @@ class Runner:
             return self._failure(exc, device)
 
     def measure(self, req: dict) -> dict:
-        from autotune.workload import check_result, expected, run
+        from autotune.workload import bind, check_result, expected, run, timed
 
         if self.prepared is None:
             return {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
@@ -196,10 +196,9 @@ class Runner:
                         ": a config emulating its dtype's precision must be at least as accurate"
                     return {"ok": False, "status": "less_accurate", "rel_err": error,
                             "default_rel_err": default_error, "error": problem}
-            timed = inputs.clone()
-            args, kwargs = timed.args, dict(timed.kwargs, **({"config": config} if config is not None else {}))
-            timing = self._time(lambda: fn(*args, **kwargs), device, int(req.get("reps", 100)),
-                                float(req.get("max_seconds", 2.0)))
+            what, units = timed(call.op, inputs.clone())
+            timing = self._time(bind(fn, call.op, what, config), device, int(req.get("reps", 100)),
+                                float(req.get("max_seconds", 2.0))).per(units)
         except Exception as exc:  # see prepare
             return self._failure(exc, device)
         return {"ok": True, "rel_err": error, "default_rel_err": default_error, **timing.as_row()}

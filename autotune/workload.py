@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
-from kernels_core.contract import DTYPE_NAMES, DTYPES, OPS
-from kernels_core.mlp import DEFAULT, SGD_OPS, Call, dedupe
+from kernels_core.contract import DTYPE_NAMES, DTYPES, TUNED_OPS
+from kernels_core.mlp import DEFAULT, MNIST_CLASSES, MNIST_IN, SGD_OPS, Call, dedupe
+from kernels_core.persistent import Layout, step_outputs
 from kernels_core.reference import exact
 from kernels_core.shapes import FUSED_LAYOUT, OP_RANK
 
@@ -23,6 +24,15 @@ from kernels_core.shapes import FUSED_LAYOUT, OP_RANK
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-3, "bf16": 3e-2, "tf32": 5e-3}
 # The SGD ops' inputs: the trainer's momentum, and a weight decay so its term is exercised.
 SGD_HYPER = {"lr": 0.01, "momentum": DEFAULT.momentum, "weight_decay": 1e-4}
+# The persistent kernel's inputs. Its correctness gate trains a few steps against float64: in
+# fp16/bf16 an activation stored one ulp from float64's grows with the steps until it flips a ReLU
+# (tests/test_persistent.py's STEPS), so 16-bit runs take 3. A timed call runs an epoch of its
+# batches in one launch, as the trainer does: 32 steps on a GPU, from MNIST's 60,000 images (the
+# first layer gathers its rows from memory, not from a set that stays in L2); on the host, the
+# gate's steps from a few batches' worth. Weight decay 0, the trainer's (whether it is 0 is
+# compiled into the kernel).
+PERSISTENT = {"check_steps": {"fp32": 5, "fp16": 3, "bf16": 3}, "epoch": 32, "images": 60_000, "lr": 0.01,
+              "weight_decay": 0.0}
 
 
 def calls_for_shapes(ops, dtype: str, shapes, momentum: float = SGD_HYPER["momentum"]) -> list[Call]:
@@ -109,18 +119,67 @@ def make_inputs(op: str, dtype: str, shape, layout: str, device, generator: torc
         bufs = (randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32)) if momentum else (None, None)
         return OpInputs((randn(b, k_in), randn(b, n_out), randn(k_in, n_out, dtype=f32), randn(n_out, dtype=f32),
                          *bufs), hyper)
-    raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    if op == "persistent":
+        return _persistent_inputs(dtype, Layout(*s), device, randn, generator, momentum)
+    raise ValueError(f"unknown op {op!r}; known: {', '.join(TUNED_OPS)}")
+
+
+def _persistent_inputs(dtype: str, layout: Layout, device, randn, generator, momentum: float) -> OpInputs:
+    """x, y, batches (an epoch of distinct rows a step), pos, params (fp32, each W scaled by its
+    fan-in as nn.Linear's are), momentum buffers, loss slots; the gate's steps and the SGD settings."""
+    steps = PERSISTENT["check_steps"][dtype]
+    on_gpu = torch.device(device).type == "cuda"
+    epoch = PERSISTENT["epoch"] if on_gpu else steps
+    images = PERSISTENT["images"] if on_gpu else 2 * epoch * layout.batch
+    x = randn(images, layout.inputs)
+    y = torch.randint(0, layout.classes, (images,), generator=generator, device=device)
+    order = torch.randperm(images, generator=generator, device=device)
+    batches = order[:epoch * layout.batch].view(epoch, layout.batch).contiguous()
+    params = torch.cat([t.flatten() for fan_in, fan_out in zip(layout.dims[:-1], layout.dims[1:])
+                        for t in (randn(fan_in, fan_out, dtype=torch.float32) * fan_in ** -0.5,
+                                  randn(fan_out, dtype=torch.float32) * 0.1)])
+    bufs = randn(layout.numel, dtype=torch.float32) * 0.01 if momentum else None
+    pos = torch.zeros((), dtype=torch.int64, device=device)
+    losses = torch.zeros(epoch, dtype=torch.float32, device=device)
+    return OpInputs((x, y, batches, pos, params, bufs, losses),
+                    dict(layout=layout, lr=PERSISTENT["lr"], momentum=momentum,
+                         weight_decay=PERSISTENT["weight_decay"], steps=steps))
+
+
+def bind(fn, op: str, inputs: OpInputs, config) -> Callable[[], object]:
+    """`inputs` bound to `fn` (a backend op, or a baseline taking no config): a call that runs it.
+    The persistent kernel is planned here, once (its compile and the residency check), and the
+    call launches its steps."""
+    kwargs = dict(inputs.kwargs, **({"config": config} if config is not None else {}))
+    if op == "persistent":
+        steps, layout = kwargs.pop("steps"), kwargs.pop("layout")
+        plan = fn.plan(*inputs.args, layout, **kwargs)
+        return lambda: plan.run(steps)
+    return lambda: fn(*inputs.args, **kwargs)
+
+
+def timed(op: str, inputs: OpInputs) -> tuple[OpInputs, int]:
+    """What a measurement times, and the units its time is divided by: the call itself, or for the
+    persistent kernel a whole epoch of its batches in one launch, timed per step."""
+    if op != "persistent":
+        return inputs, 1
+    epoch = inputs.args[2].shape[0]
+    return replace(inputs, kwargs=dict(inputs.kwargs, steps=epoch)), epoch
 
 
 def run(fn: Callable, op: str, inputs: OpInputs, config) -> list[torch.Tensor]:
     """Call `fn` (a backend op, or a baseline taking no config) and list what it produced.
 
-    The SGD ops work in place, so their outputs are the (mutated) params and buffers, if any.
+    The SGD ops work in place, so their outputs are the (mutated) params and buffers, if any;
+    the persistent kernel's are its steps' losses and updates (persistent.step_outputs).
     """
-    kwargs = dict(inputs.kwargs)
-    if config is not None:
-        kwargs["config"] = config
-    result = fn(*inputs.args, **kwargs)
+    if op == "persistent":
+        x, _, batches, pos, params, _, losses = inputs.args
+        before, first = params.clone(), int(pos)
+        bind(fn, op, inputs, config)()
+        return step_outputs(losses, params, before, first, inputs.kwargs["steps"], batches.shape[0],
+                            inputs.kwargs["layout"], x.dtype)
+    result = bind(fn, op, inputs, config)()
     if op == "sgd_update":
         return list(inputs.args[0]) + list(inputs.args[2] or ())
     if op == "linear_sgd":  # w, bias, w_buf, b_buf: updated in place
@@ -134,7 +193,7 @@ def expected(op: str, inputs: OpInputs) -> list[torch.Tensor]:
     if op in SGD_OPS:
         params, bufs = result
         return params + bufs
-    return list(result) if isinstance(result, tuple) else [result]
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor],
@@ -175,9 +234,15 @@ def check_result(outputs: list[torch.Tensor], refs: list[torch.Tensor],
 
 
 def flops_bytes(op: str, shape, dtype: str, momentum: float = SGD_HYPER["momentum"]) -> tuple[float | None, float]:
-    """(FLOPs or None for memory-bound ops, bytes moved at least once)."""
+    """(FLOPs or None for memory-bound ops, bytes moved at least once); the persistent kernel's a
+    step."""
     elt = DTYPES[dtype].itemsize
     fp32_state = 16 if momentum else 8  # SGD's fp32 weight, and its buffer, read and written
+    if op == "persistent":  # 3 GEMMs a layer (forward, weight gradient, input gradient but the first's)
+        layout = Layout(*shape)
+        pairs = list(zip(layout.dims[:-1], layout.dims[1:]))
+        flops = 2.0 * layout.batch * (3 * sum(a * b for a, b in pairs) - MNIST_IN * layout.hidden)
+        return flops, float(elt * layout.batch * (MNIST_IN + MNIST_CLASSES) + fp32_state * layout.numel)
     if op == "matmul":
         m, n, k = shape
         return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n))

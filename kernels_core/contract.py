@@ -108,6 +108,10 @@ OPS = (
 )
 # The ops that fold a step's small kernels into a GEMM's epilogue (the fused training step).
 FUSED_OPS = ("linear_cross_entropy", "linear_sgd")
+# What the tuner and a config store know: the ops, and the persistent training kernel
+# (kernels_core/persistent.py), a whole segment of training steps in one launch, whose config the
+# tuner searches on the time of a step and the trainer reads from the store like an op's.
+TUNED_OPS = OPS + ("persistent",)
 
 ACTIVATIONS = (None, "relu")
 
@@ -127,9 +131,10 @@ def device_arch(device: torch.device) -> int:
 
 
 def check_op(op: str, dtype: str) -> None:
-    """Raises ValueError naming the argument unless `op` and `dtype` are the contract's."""
-    if op not in OPS:
-        raise ValueError(f"op: {op!r} is not one of {OPS}")
+    """Raises ValueError naming the argument unless `op` (an op or the persistent kernel) and
+    `dtype` are the contract's."""
+    if op not in TUNED_OPS:
+        raise ValueError(f"op: {op!r} is not one of {TUNED_OPS}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {tuple(DTYPES)}")
 

@@ -11,8 +11,10 @@ from kernels_core.shapes import shape_key
 
 MNIST_IN, MNIST_CLASSES = 784, 10
 # The ops that apply SGD: with momentum 0 (the seed protocol) they keep no buffers, 8 bytes a
-# weight fewer to move (the fp32 buffer read and written), so they are other calls to tune.
+# weight fewer to move (the fp32 buffer read and written), so they are other calls to tune; so
+# does the persistent kernel, whose step applies it.
 SGD_OPS = ("sgd_update", "linear_sgd")
+MOMENTUM_OPS = SGD_OPS + ("persistent",)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,13 @@ class Call:
     def study_key(self) -> str:
         """The key that names the call's study: the store's key, marked where SGD keeps no buffers.
         The store entry keeps the plain key: a store holds one protocol's winners."""
-        return self.key + (":no-momentum" if self.op in SGD_OPS and not self.momentum else "")
+        return self.key + (":no-momentum" if self.op in MOMENTUM_OPS and not self.momentum else "")
+
+
+def persistent_call(hidden: int, layers: int, batch: int, dtype: str, momentum: float = DEFAULT.momentum) -> Call:
+    """The persistent kernel training 784 -> hidden x layers -> 10 at `batch`: one call, a segment
+    of steps (kernels_core/persistent.py's Layout is its shape)."""
+    return Call("persistent", dtype, (hidden, layers, batch), "mlp", momentum=momentum)
 
 
 def mlp_calls(hidden: int, layers: int, batch: int, dtype: str, *, fused: bool | None = None,

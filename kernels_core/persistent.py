@@ -23,6 +23,7 @@ import torch
 
 from kernels_core import contract
 from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
+from kernels_core.space import Space
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,22 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 # tl.dot's smallest), warps, programs (0: one a multiprocessor), and the first layer's split of its
 # K = 784 into SPLIT_K slices. BM x BN: a tile of a layer's output and of a layer's input gradient,
 # BK the k-step of their products and the batch's step in a weight gradient; BR x BC: a tile of
-# weights a program updates; BL: the loss's rows a tile (with BN columns of the last layer's input gradient). Every phase hands its tiles out over the
-# whole grid, so a tile's size trades the number of tiles (at most one a program is best) against
-# each tile's chain of k-steps.
+# weights a program updates; BL: the loss's rows a tile (with BN columns of the last layer's input
+# gradient). Every phase hands its tiles out over the whole grid, so a tile's size trades the
+# number of tiles (at most one a program is best) against each tile's chain of k-steps.
 DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
+# What the tuner searches (op "persistent", both twins, every dtype): tile sides up to 64 (at
+# H = 128 a phase has at most 16 tiles of 32 x 32 for 132 programs: larger tiles only lengthen
+# each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of 98), one program a
+# multiprocessor (fewer programs measured slower: 45.9 µs at 64 against 43.0 at 132, H100,
+# h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin (at
+# most 33 KB: kernels_cuda/persistent.py's smem_bytes).
+SPACE = Space(
+    params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BC=(16, 32, 64), BL=(16, 32),
+                num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
+    default=DEFAULT,
+    notes="the persistent training kernel: tiles of each phase, the loss's rows, warps, the first layer's K split",
+)
 
 
 def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
@@ -136,11 +149,22 @@ def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
     """Refuses, in one line, a grid that a grid barrier would deadlock: more programs than the
     GPU's `sms` multiprocessors hold at once, `per_sm` each (the compiled kernel's occupancy)."""
     if programs < 1:
-        raise ValueError(f"{what}: a grid of {programs} programs")
+        raise ValueError(f"config: {what}: a grid of {programs} programs")
     if programs > per_sm * sms:
-        raise ValueError(f"{what}: {programs} programs cannot all be resident at once (this kernel fits {per_sm} "
-                         f"a multiprocessor, {per_sm * sms} on this GPU), and its grid barriers would wait forever; "
-                         "ask for fewer programs")
+        raise ValueError(f"config: {what}: {programs} programs cannot all be resident at once (this kernel fits "
+                         f"{per_sm} a multiprocessor, {per_sm * sms} on this GPU), and its grid barriers would wait "
+                         "forever; ask for fewer programs")
+
+
+def step_outputs(losses: torch.Tensor, params: torch.Tensor, before: torch.Tensor, first: int, steps: int,
+                 epoch: int, layout: Layout, dtype: torch.dtype) -> list[torch.Tensor]:
+    """What a segment of `steps` steps from slot `first` of an epoch of `epoch` steps is judged by:
+    its losses, then each tensor's update (W0, b0, W1, ...: params less `before`, in `dtype`).
+    Updates, not weights: a weight's error next to its size would hide an update gone wrong (a
+    bias never updated moves by far less than its rounding)."""
+    slots = (torch.arange(steps, device=losses.device) + first) % epoch
+    moved = (params.double() - before.double()).to(dtype)
+    return [losses.index_select(0, slots)] + layout.views(moved)
 
 
 def barriers_per_step(layers: int, split_k: int) -> int:

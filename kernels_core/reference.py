@@ -1,4 +1,4 @@
-"""Torch references for every op of the contract.
+"""Torch references for every op of the contract, and for the persistent training kernel.
 
 Two flavours with the twins' signatures (minus `out` and `config`):
 - `exact`: computed in float64 from the same inputs, the yardstick of the
@@ -8,8 +8,13 @@ Two flavours with the twins' signatures (minus `out` and `config`):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
+
+from kernels_core.persistent import Layout, step_outputs
 
 
 def _op(t: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -31,6 +36,42 @@ def _rows(t: torch.Tensor, rows) -> torch.Tensor:
 
 def _relu_grad(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(y <= 0, torch.zeros((), dtype=g.dtype, device=g.device), g)
+
+
+def mlp_steps(x, y, batches, pos, params, bufs, losses, layout, *, lr, momentum, weight_decay, steps,
+               compute: torch.dtype) -> None:
+    """The persistent kernel's `steps` training steps (kernels_core/persistent.py), in place: the
+    batches' rows from slot *pos on (mod the epoch), each step's mean loss into losses[slot], the
+    fp32 params (and bufs, with momentum) updated by torch.optim.SGD's rule, *pos advanced. The
+    arithmetic is `compute`'s; every value the kernels store in x's dtype (the weights a GEMM
+    reads, each activation, the logits, each output gradient) is rounded to it, so that in
+    float64 only the kernels' fp32 sums stay between the two. Capturable: nothing reads the device
+    on the host."""
+    rd = lambda t: t.to(x.dtype).to(compute)  # noqa: E731
+    ps = layout.views(params)
+    buf_views = layout.views(bufs) if momentum else [None] * len(ps)
+    for _ in range(steps):
+        slot = pos.remainder(batches.shape[0]).view(1)
+        rows = batches.index_select(0, slot).view(-1)
+        acts = [x.index_select(0, rows).to(compute)]
+        for i in range(0, len(ps) - 2, 2):
+            acts.append(rd(torch.relu(acts[-1] @ rd(ps[i]) + ps[i + 1].to(compute))))
+        logits = rd(acts[-1] @ rd(ps[-2]) + ps[-1].to(compute))
+        labels = y.index_select(0, rows)
+        losses.index_copy_(0, slot, F.cross_entropy(logits, labels).to(losses.dtype).view(1))
+        d = rd((logits.softmax(1) - F.one_hot(labels, layout.classes).to(compute)) / len(labels))
+        for i in reversed(range(0, len(ps), 2)):
+            a = acts[i // 2]
+            grads = (a.t() @ d, d.sum(0))
+            if i:
+                d = rd((d @ rd(ps[i]).t()) * (a > 0))
+            for p, buf, g in zip(ps[i:i + 2], buf_views[i:i + 2], grads):
+                g = g.to(compute) + weight_decay * p.to(compute)
+                if momentum:  # the kernels keep the buffers and weights in fp32
+                    buf.copy_((momentum * buf.to(compute) + g).float())
+                    g = buf.to(compute)
+                p.copy_((p.to(compute) - lr * g).float())
+        pos.add_(1)
 
 
 class exact:
@@ -96,8 +137,43 @@ class exact:
                                 lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
+    @staticmethod
+    def persistent(x, y, batches, pos, params, bufs, losses, *, layout, lr, momentum=0.0, weight_decay=0.0, steps):
+        """The persistent kernel's segment of `steps` steps in float64 (mlp_steps), on copies:
+        persistent.step_outputs of it."""
+        params64, first = params.double(), int(pos)
+        bufs64 = bufs.double() if momentum else None
+        losses64 = losses.double()
+        mlp_steps(x, y, batches, pos.clone(), params64, bufs64, losses64, layout, lr=lr, momentum=momentum,
+                   weight_decay=weight_decay, steps=steps, compute=torch.float64)
+        return step_outputs(losses64, params64, params, first, steps, batches.shape[0], layout, torch.float64)
+
+
+@dataclass
+class _TorchSteps:
+    """The persistent op's torch baseline, planned as the twins' `persistent.plan` plans: `run`
+    takes the steps with torch's own kernels in the working dtype (a launch an operation)."""
+
+    inputs: tuple
+    layout: Layout
+    sgd: dict
+
+    def run(self, steps: int) -> None:
+        x = self.inputs[0]
+        mlp_steps(*self.inputs, self.layout, **self.sgd, steps=steps, compute=x.dtype)
+
+
+def _plan_torch_steps(x, y, batches, pos, params, bufs, losses, layout, *, lr, momentum=0.0, weight_decay=0.0,
+                      config=None) -> _TorchSteps:
+    return _TorchSteps((x, y, batches, pos, params, bufs, losses), layout,
+                       dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+
 class native:
     """What PyTorch itself runs in the working dtype: the speed baseline."""
+
+    # The persistent op, as the twins offer it: a module whose plan(...) returns what runs the steps.
+    persistent = SimpleNamespace(plan=_plan_torch_steps)
 
     @staticmethod
     def matmul(a, b, *, bias=None, activation=None, trans_a=False, trans_b=False, accumulate="fp32",

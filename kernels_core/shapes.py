@@ -4,16 +4,18 @@ matmul (M, N, K) plus a layout ("nn", "tn", "nt", "tt": t = that operand is
 transposed), elementwise and row ops (M, N), softmax_cross_entropy (M, C),
 sgd_update (total parameter elements,), and the fused ops by their GEMM:
 linear_cross_entropy (M, N, K):nn (the logits), linear_sgd (K_in, N_out, B):tn
-(the weight gradient).
+(the weight gradient); the persistent kernel by its net, (hidden, layers, batch):mlp.
 """
 from __future__ import annotations
 
 from kernels_core.contract import MAX_DIM
 
 OP_RANK = {"matmul": 3, "relu": 2, "relu_backward": 2, "bias_add": 2, "bias_grad": 2,
-           "softmax_cross_entropy": 2, "sgd_update": 1, "linear_cross_entropy": 3, "linear_sgd": 3}
-# The layout each fused op's GEMM has: the only one it takes.
-FUSED_LAYOUT = {"linear_cross_entropy": "nn", "linear_sgd": "tn"}
+           "softmax_cross_entropy": 2, "sgd_update": 1, "linear_cross_entropy": 3, "linear_sgd": 3,
+           "persistent": 3}
+# The layout each fused op's GEMM has: the only one it takes; the persistent kernel's shape is a
+# net's, "mlp", which no --shapes flag spells (it is tuned on the trainer's net only).
+FUSED_LAYOUT = {"linear_cross_entropy": "nn", "linear_sgd": "tn", "persistent": "mlp"}
 LAYOUTS = ("nn", "tn", "nt", "tt")
 
 

@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from kernels_core import backends
 from kernels_core.targets import TARGETS, Target, local_gpu
 from kernels_core.shapes import FUSED_LAYOUT, LAYOUTS, OP_RANK, parse_shape_key
-from kernels_core.contract import DTYPES, OPS
+from kernels_core.contract import DTYPES, TUNED_OPS
 from kernels_core.space import Space
 
 FORMAT = 1
@@ -212,8 +212,8 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
     if missing:
         return f"missing key(s) {missing}"
     op, backend, dtype, shape, config = (entry[k] for k in REQUIRED)
-    if op not in OPS:
-        return f"unknown op {op!r}; known: {', '.join(OPS)}"
+    if op not in TUNED_OPS:
+        return f"unknown op {op!r}; known: {', '.join(TUNED_OPS)}"
     if dtype not in DTYPES:
         return f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}"
     try:
@@ -230,7 +230,7 @@ def _entry_problem(entry, target: Target, space_of) -> str | None:
         return f"shape {shape!r}: {op} shapes have {OP_RANK[op]} dimension(s)"
     if op in FUSED_LAYOUT:
         if layout != FUSED_LAYOUT[op]:
-            return f"shape {shape!r}: {op}'s GEMM has layout {FUSED_LAYOUT[op]!r}"
+            return f"shape {shape!r}: {op}'s shapes have layout {FUSED_LAYOUT[op]!r}"
     elif (layout not in LAYOUTS) if op == "matmul" else layout:
         return f"shape {shape!r}: layout must be one of {LAYOUTS} for matmul, absent otherwise"
     for name, kind in OPTIONAL.items():

@@ -37,6 +37,10 @@ class Timing:
     def as_row(self) -> dict[str, float]:
         return {"time_ms": self.median_ms, "time_p20_ms": self.p20_ms, "time_p80_ms": self.p80_ms, "reps": self.reps}
 
+    def per(self, units: int) -> "Timing":
+        """The time of one of `units` units of work a timed call did (a persistent launch's steps)."""
+        return Timing(self.median_ms / units, self.p20_ms / units, self.p80_ms / units, self.reps)
+
 
 def _quantiles(samples: list[float], reps: int) -> Timing:
     samples = sorted(samples)
@@ -148,8 +152,7 @@ def bench_in_graph(call: Callable[[], object], *, calls: int = 10, reps: int = 1
     around it (which a training step replayed as a graph does not pay either).
     Inputs stay in L2 between calls, as they do inside a training step.
     """
-    t = bench_graph(lambda: [call() for _ in range(calls)], steps=max(5, reps // 5))
-    return Timing(t.median_ms / calls, t.p20_ms / calls, t.p80_ms / calls, t.reps)
+    return bench_graph(lambda: [call() for _ in range(calls)], steps=max(5, reps // 5)).per(calls)
 
 
 def device_ops(call: Callable[[], object]) -> int:

@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
+from kernels_core import compile_only
 from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
                                      check_inputs, check_stamps, resolve_config)
 
@@ -363,6 +364,8 @@ class Plan:
         if self.stamps is not None:
             check_stamps(self.stamps, steps, barriers)
         self.counter.zero_()
+        if compile_only.active():  # plan compiled the kernel already
+            return
         _train_kernel[(self.programs,)](**self.args, steps=steps, num_warps=self.config["num_warps"])
 
 

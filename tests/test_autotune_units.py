@@ -327,9 +327,10 @@ def test_an_entry_from_before_a_tunable_existed_loads_with_its_default(tmp_path)
     ({"target": "sm_90", "entries": [dict(entry(), backend="nope")]}, "unknown backend 'nope'"),
     ({"target": "sm_90", "entries": [dict(entry(), dtype="fp8")]}, "unknown dtype"),
     ({"target": "sm_90", "entries": [entry(shape="64x64x64:nn")]}, "2 dimension"),
-    ({"target": "sm_90", "entries": [dict(entry(), op="linear_sgd", shape="64x64x64:nn")]}, "GEMM has layout 'tn'"),
+    ({"target": "sm_90", "entries": [dict(entry(), op="linear_sgd", shape="64x64x64:nn")]},
+     "linear_sgd's shapes have layout 'tn'"),
     ({"target": "sm_90", "entries": [dict(entry(), op="linear_cross_entropy", shape="64x10x64")]},
-     "GEMM has layout 'nn'"),
+     "shapes have layout 'nn'"),
     ({"target": "sm_90", "entries": [entry(), entry()]}, "second entry"),
     ({"target": "sm_90", "entries": [entry(time_ms="fast")]}, "time_ms='fast' is not a float"),
 ])

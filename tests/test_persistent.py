@@ -3,8 +3,9 @@ under Triton's interpreter (one program: the interpreter runs programs one after
 offline compiles for sm_80 and sm_90, the refusals, and on a GPU the full grid at the default
 protocol's H = 128 against float64 and against itself (bitwise).
 
-The float64 reference is the same training written in torch: nn.Linear's arithmetic, cross
-entropy, torch.optim.SGD (momentum, weight decay), on the same initial weights and batches.
+The float64 reference is the same training written in torch (kernels_core.reference.mlp_steps):
+nn.Linear's arithmetic, cross entropy, torch.optim.SGD (momentum, weight decay), on the same
+initial weights and batches.
 """
 import os
 import re
@@ -13,50 +14,31 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels_core.persistent import (DEFAULT, Layout, barriers_per_step, check_barrier_count, check_coresident,
                                      check_stamps)
+from kernels_core.reference import mlp_steps
 from kernels_triton import persistent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def reference(x, y, batches, params, layout, steps, lr, momentum, weight_decay):
-    """(losses, params, paths) of `steps` steps of float64 training from `params`, written out (forward,
-    cross entropy, backward, SGD with torch.optim.SGD's momentum and weight decay). It rounds where
-    the kernel stores: the weights and momentum buffers to fp32 after each update, and with 16-bit
-    x the weights a GEMM reads, each activation, the logits and each output gradient to x's dtype;
-    so only the kernel's fp32 accumulation stays between the two. paths: each tensor's updates'
-    norms summed over the steps (W0, b0, W1, ...)."""
-    low = x.dtype if x.dtype != torch.float32 else None
-    r = (lambda t: t.to(low).double()) if low else (lambda t: t)
-    ps = [t.double().clone() for t in layout.views(params.cpu())]
-    bufs = [torch.zeros_like(p) for p in ps]
-    paths = [0.0] * len(ps)
-    x, y, batches, losses = x.cpu().double(), y.cpu(), batches.cpu(), []
-    for s in range(steps):
-        acts = [x[batches[s]]]
-        for i in range(0, len(ps) - 2, 2):
-            acts.append(r(torch.relu(acts[-1] @ r(ps[i]) + ps[i + 1])))
-        logits = r(acts[-1] @ r(ps[-2]) + ps[-1])
-        labels = y[batches[s]]
-        losses.append(F.cross_entropy(logits, labels).item())
-        d = r((logits.softmax(1) - F.one_hot(labels, layout.classes)) / len(labels))
-        for i in reversed(range(0, len(ps), 2)):
-            a = acts[i // 2]
-            grads = (a.T @ d, d.sum(0))
-            if i:
-                d = r((d @ r(ps[i]).T) * (a > 0))
-            for j, (p, buf, g) in enumerate(zip(ps[i:i + 2], bufs[i:i + 2], grads)):
-                g = g + weight_decay * p
-                if momentum:
-                    buf.copy_((momentum * buf + g).float())
-                    g = buf
-                before = p.clone()
-                p.copy_((p - lr * g).float())
-                paths[i + j] += (p - before).norm().item()
-    return torch.tensor(losses, dtype=torch.float64), torch.cat([p.flatten() for p in ps]), paths
+    """(losses, params, paths) of `steps` steps of float64 training from `params` (the tuner's
+    reference too: kernels_core.reference.mlp_steps, which rounds where the kernel stores, so only
+    the kernel's fp32 accumulation stays between the two), from zeroed momentum buffers as the
+    trainer starts. paths: each tensor's updates' norms summed over the steps (W0, b0, W1, ...)."""
+    p = params.double().cpu()
+    bufs = torch.zeros_like(p) if momentum else None
+    losses, pos = torch.zeros(batches.shape[0], dtype=torch.float64), torch.zeros((), dtype=torch.int64)
+    paths = [0.0] * 2 * (layout.layers + 1)
+    for _ in range(steps):
+        before = p.clone()
+        mlp_steps(x.cpu(), y.cpu(), batches.cpu(), pos, p, bufs, losses, layout, lr=lr, momentum=momentum,
+                  weight_decay=weight_decay, steps=1, compute=torch.float64)
+        paths = [path + (after - was).norm().item()
+                 for path, after, was in zip(paths, layout.views(p), layout.views(before))]
+    return losses[:steps], p, paths
 
 
 def tolerance(dtype, layout):

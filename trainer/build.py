@@ -38,16 +38,22 @@ def pick_device(config: Config) -> torch.device:
     return device
 
 
+def call_configs(config: Config, device: torch.device):
+    """(the run's kernel package, CallConfigs): where each kernel of the run finds its config."""
+    ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
+    arch, elt = device_arch(device), DTYPES[config.dtype].itemsize
+    store, origin = open_store(config)
+    return ops, CallConfigs(store, config.backend, config.dtype, origin=origin,
+                            default_of=lambda op: ops.space(op, config.dtype).default_for(arch),
+                            valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt,
+                                                                    arch),
+                            precision_of=lambda op, cfg: ops.space(op, config.dtype).precision_of(cfg))
+
+
 def make_backend(config: Config, device: torch.device):
     """(backend, CallConfigs or None): the torch baseline, or the MLP over a kernel package."""
     if config.backend == "torch":
         return TorchBackend(config, device), None
-    ops = kernel_packages.load(config.backend)  # kernels_triton picks the interpreter on a CPU
-    arch, elt = device_arch(device), DTYPES[config.dtype].itemsize
-    store, origin = open_store(config)
-    configs = CallConfigs(store, config.backend, config.dtype, origin=origin,
-                          default_of=lambda op: ops.space(op, config.dtype).default_for(arch),
-                          valid_for=lambda op, key, cfg: as_fused(op, key, cfg, ops.space(op, config.dtype), elt, arch),
-                          precision_of=lambda op, cfg: ops.space(op, config.dtype).precision_of(cfg))
+    ops, configs = call_configs(config, device)
     initial = initial_mlp(config.hidden, config.layers, config.seed)
     return OpsMLP(ops, initial, config, device, configs), configs

@@ -31,12 +31,12 @@ from tqdm import tqdm
 from kernels_core.provenance import provenance
 from kernels_core.timing import Timing, bench, bench_graph
 from kernels_core.contract import DTYPES, check_labels
-from trainer.build import make_backend, pick_device
+from trainer.build import call_configs, make_backend, pick_device
 from trainer.config import Config
 from trainer.data import DeviceBatches, Mnist, load_mnist
 from trainer.stepper import Stepper, StepTimer
 from trainer.tuned_configs import CallConfigs
-from kernels_core.mlp import MNIST_CLASSES, MNIST_IN
+from kernels_core.mlp import MNIST_CLASSES, MNIST_IN, persistent_call
 
 TARGET_ACCURACY = 0.98
 
@@ -162,8 +162,10 @@ def build(config: Config) -> Built:
     if config.persistent and runs_persistent(config, device):
         from trainer.torch_backend import initial_mlp
 
-        backend, configs = PersistentMLP(initial_mlp(config.hidden, config.layers, config.seed), config, batches,
-                                         losses), None
+        _, configs = call_configs(config, device)
+        call = persistent_call(config.hidden, config.layers, config.batch_size, config.dtype, config.momentum)
+        backend = PersistentMLP(initial_mlp(config.hidden, config.layers, config.seed), config, batches, losses,
+                                kernel_config=configs.get(call.op, call.key))
     else:
         backend, configs = make_backend(config, device)
     return Built(device, data, backend, configs, batches, Stepper(backend, batches, losses, pdl=config.pdl))
@@ -229,7 +231,7 @@ def _train(config: Config) -> Summary:
     setup_seconds = time.perf_counter() - t0
     if configs is not None:
         print(f"kernel configs ({config.backend}, {config.dtype}):\n{configs.table()}", file=sys.stderr)
-    elif persistent:
+    if persistent:
         print(backend.describe(), file=sys.stderr)
 
     csv_path = _run_path(runs, config)
