@@ -392,6 +392,26 @@ def test_both_twins_tune_on_the_gpu_through_the_compile_pool(tmp_path):
     assert "2 compile processes, 1 timing process" in result.stdout
 
 
+@pytest.mark.gpu
+def test_both_twins_tune_the_persistent_kernel_on_the_gpu_per_step(tmp_path):
+    """The persistent kernel at the default protocol's H = 128 net, through two compile processes
+    (which compile, never launch) and the timing process: every trial correct against float64, a
+    step's time beside the default config's and torch's, and the winner in the store."""
+    result = subprocess.run(
+        cli(tmp_path, "--backends", "cuda,triton", "--ops", "persistent", "--hidden", "128", "--sampler", "random",
+            "--trials", "3", "--workers", "2"),
+        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    target = next(p.name for p in (tmp_path / "out").iterdir() if p.name != "logs")
+    rows = counted(trials(tmp_path, target))
+    assert rows.groupby("backend").size().tolist() == [3, 3] and (rows["status"] == "ok").all(), rows
+    assert set(rows["shape"]) == {"128x2x128:mlp"} and (rows["rel_err"] < 1e-3).all()
+    # a step, not a launch of 32: well under the 45 µs of the fused step's 8 kernels at this width
+    assert (rows["time_ms"] < 0.5).all() and rows["default_ms"].notna().all() and rows["torch_ms"].notna().all()
+    entries = json.loads((tmp_path / "out" / target / "best.json").read_text())["entries"]
+    assert sorted((e["op"], e["backend"]) for e in entries) == [("persistent", "cuda"), ("persistent", "triton")]
+
+
 def test_timing_without_a_gpu_is_refused_with_what_to_run(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
