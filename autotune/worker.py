@@ -174,7 +174,7 @@ class Runner:
             return self._failure(exc, device)
 
     def measure(self, req: dict) -> dict:
-        from autotune.workload import bind, check_result, expected, run, timed
+        from autotune.workload import bind, check_result, expected, gate_precision, run, timed
 
         if self.prepared is None:
             return {"ok": False, "status": "launch_error", "error": "measure without a prepared call"}
@@ -182,7 +182,7 @@ class Runner:
         try:
             outputs = run(fn, call.op, inputs.clone(), config)
             refs = expected(call.op, inputs)
-            precision = space.precision_of(config) if config is not None else None
+            precision = gate_precision(call, space, config)
             error, problem = check_result(outputs, refs, precision)
             default_error = None
             if problem:

@@ -157,14 +157,13 @@ def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
 
 
 def step_outputs(losses: torch.Tensor, params: torch.Tensor, before: torch.Tensor, first: int, steps: int,
-                 epoch: int, layout: Layout, dtype: torch.dtype) -> list[torch.Tensor]:
+                 epoch: int, layout: Layout) -> list[torch.Tensor]:
     """What a segment of `steps` steps from slot `first` of an epoch of `epoch` steps is judged by:
-    its losses, then each tensor's update (W0, b0, W1, ...: params less `before`, in `dtype`).
-    Updates, not weights: a weight's error next to its size would hide an update gone wrong (a
-    bias never updated moves by far less than its rounding)."""
+    its losses, then each tensor's update (W0, b0, W1, ...: params less `before`, in params'
+    dtype). Updates, not weights: a weight's error next to its size would hide an update gone wrong
+    (a bias never updated moves by far less than its rounding)."""
     slots = (torch.arange(steps, device=losses.device) + first) % epoch
-    moved = (params.double() - before.double()).to(dtype)
-    return [losses.index_select(0, slots)] + layout.views(moved)
+    return [losses.index_select(0, slots)] + layout.views(params - before)
 
 
 def barriers_per_step(layers: int, split_k: int) -> int:

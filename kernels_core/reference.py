@@ -43,11 +43,13 @@ def mlp_steps(x, y, batches, pos, params, bufs, losses, layout, *, lr, momentum,
     """The persistent kernel's `steps` training steps (kernels_core/persistent.py), in place: the
     batches' rows from slot *pos on (mod the epoch), each step's mean loss into losses[slot], the
     fp32 params (and bufs, with momentum) updated by torch.optim.SGD's rule, *pos advanced. The
-    arithmetic is `compute`'s; every value the kernels store in x's dtype (the weights a GEMM
-    reads, each activation, the logits, each output gradient) is rounded to it, so that in
-    float64 only the kernels' fp32 sums stay between the two. Capturable: nothing reads the device
+    arithmetic is `compute`'s (the loss's and the SGD update's at least fp32's, as the kernels');
+    every value the kernels store in x's dtype (the weights a GEMM reads, each activation, the
+    logits, each output gradient) is rounded to it, so that in float64 only the kernels' fp32
+    sums stay between the two. Capturable: nothing reads the device
     on the host."""
     rd = lambda t: t.to(x.dtype).to(compute)  # noqa: E731
+    sgd = torch.promote_types(compute, torch.float32)  # the loss's and the update's: fp32 at least
     ps = layout.views(params)
     buf_views = layout.views(bufs) if momentum else [None] * len(ps)
     for _ in range(steps):
@@ -55,22 +57,23 @@ def mlp_steps(x, y, batches, pos, params, bufs, losses, layout, *, lr, momentum,
         rows = batches.index_select(0, slot).view(-1)
         acts = [x.index_select(0, rows).to(compute)]
         for i in range(0, len(ps) - 2, 2):
-            acts.append(rd(torch.relu(acts[-1] @ rd(ps[i]) + ps[i + 1].to(compute))))
-        logits = rd(acts[-1] @ rd(ps[-2]) + ps[-1].to(compute))
+            acts.append(rd(torch.relu(torch.addmm(ps[i + 1].to(compute), acts[-1], rd(ps[i])))))
+        logits = rd(torch.addmm(ps[-1].to(compute), acts[-1], rd(ps[-2])))  # nn.Linear's: the bias in the product
         labels = y.index_select(0, rows)
-        losses.index_copy_(0, slot, F.cross_entropy(logits, labels).to(losses.dtype).view(1))
-        d = rd((logits.softmax(1) - F.one_hot(labels, layout.classes).to(compute)) / len(labels))
+        wide = logits.to(sgd)  # the loss and its gradient in fp32 at least, as autocast runs them
+        losses.index_copy_(0, slot, F.cross_entropy(wide, labels).to(losses.dtype).view(1))
+        d = rd((wide.softmax(1) - F.one_hot(labels, layout.classes).to(sgd)) / len(labels))
         for i in reversed(range(0, len(ps), 2)):
             a = acts[i // 2]
-            grads = (a.t() @ d, d.sum(0))
+            grads = (a.t().to(sgd) @ d.to(sgd), d.to(sgd).sum(0))  # fp32 weight gradients, as the kernels keep
             if i:
                 d = rd((d @ rd(ps[i]).t()) * (a > 0))
             for p, buf, g in zip(ps[i:i + 2], buf_views[i:i + 2], grads):
-                g = g.to(compute) + weight_decay * p.to(compute)
+                g = g.to(sgd) + weight_decay * p.to(sgd)
                 if momentum:  # the kernels keep the buffers and weights in fp32
-                    buf.copy_((momentum * buf.to(compute) + g).float())
-                    g = buf.to(compute)
-                p.copy_((p.to(compute) - lr * g).float())
+                    buf.copy_((momentum * buf.to(sgd) + g).float())
+                    g = buf.to(sgd)
+                p.copy_((p.to(sgd) - lr * g).float())
         pos.add_(1)
 
 
@@ -146,7 +149,7 @@ class exact:
         losses64 = losses.double()
         mlp_steps(x, y, batches, pos.clone(), params64, bufs64, losses64, layout, lr=lr, momentum=momentum,
                    weight_decay=weight_decay, steps=steps, compute=torch.float64)
-        return step_outputs(losses64, params64, params, first, steps, batches.shape[0], layout, torch.float64)
+        return step_outputs(losses64, params64, params.double(), first, steps, batches.shape[0], layout)
 
 
 @dataclass
