@@ -89,18 +89,28 @@ def step_time(folder: Path) -> list[Path]:
 PERSISTENT_VARIANTS = ("triton-persistent", "cuda-persistent", "triton-tuned", "cuda-tuned")
 
 
+def persistent_run(df: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
+    """(rows, commit) of the newest commit in a compare CSV whose run has every one of
+    PERSISTENT_VARIANTS at two widths or more (a run at one width draws no curve), or None."""
+    df = df[df.variant.isin(PERSISTENT_VARIANTS)] if not df.empty else df
+    if df.empty:
+        return None
+    widths = df.groupby(["commit", "variant"]).hidden.nunique().unstack().reindex(columns=PERSISTENT_VARIANTS)
+    over_widths = [c for c in widths.index if (widths.loc[c] >= 2).all()]
+    if not over_widths:
+        return None
+    commit = max(over_widths, key=lambda c: df.index[df.commit == c].max())  # the newest in the file
+    return latest(df[df.commit == commit], ["variant", "hidden"]), commit
+
+
 def persistent_widths(folder: Path) -> list[Path]:
-    """The persistent kernel's step time against the fused step's over H, a panel a protocol: the
-    rows of the newest commit that ran a persistent variant, its fused rows from the same run."""
+    """The persistent kernel's step time against the fused step's over H, a panel a protocol
+    (persistent_run's rows)."""
     panels = []
     for path in (folder / "trainer_fp32.csv", folder / "compare_fp16.csv"):
-        df = load_compare(path) if path.exists() else pd.DataFrame()
-        persistent = df.variant.str.endswith("-persistent") if not df.empty else pd.Series(dtype=bool)
-        if not persistent.any():
-            continue
-        commit = df[persistent].commit.iloc[-1]
-        run = latest(df[(df.commit == commit) & df.variant.isin(PERSISTENT_VARIANTS)], ["variant", "hidden"])
-        panels.append((run, commit))
+        found = persistent_run(load_compare(path) if path.exists() else pd.DataFrame())
+        if found:
+            panels.append(found)
     if not panels:
         return []
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)

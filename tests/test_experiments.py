@@ -431,3 +431,19 @@ def test_compile_stages_times_each_stage_of_a_compile_from_scratch(tmp_path):
     stages = ["make_ir", "ttir", "ttgir", "llir", "ptx", "cubin", "store"]
     assert (df[stages[:-1]] > 0).all().all() and (df.cubin > 0.005).all()
     assert ((df[stages].sum(axis=1) - df.total).abs() < 1e-3).all()
+
+
+def test_the_persistent_plot_draws_the_newest_run_with_every_variant_over_widths():
+    """A later run of the persistent variants at one width, or of some of them over widths, draws
+    no curve against the fused step's: the plot keeps the newest run that has them all over widths."""
+    from experiments.plots import PERSISTENT_VARIANTS, persistent_run
+
+    def run(commit, variants, widths):
+        return [dict(commit=commit, variant=v, hidden=h, median_step_us=1.0) for v in variants for h in widths]
+
+    rows = (run("a1", PERSISTENT_VARIANTS, (64, 128)) + run("b2", PERSISTENT_VARIANTS, (64, 128, 256))
+            + run("c3", PERSISTENT_VARIANTS[:3], (64, 128)) + run("d4", PERSISTENT_VARIANTS, (128,)))
+    picked, commit = persistent_run(pd.DataFrame(rows))
+    assert commit == "b2" and len(picked) == 12 and set(picked.commit) == {"b2"}
+    assert persistent_run(pd.DataFrame(run("d4", PERSISTENT_VARIANTS, (128,)))) is None
+    assert persistent_run(pd.DataFrame()) is None
