@@ -156,14 +156,17 @@ def check_coresident(what: str, programs: int, per_sm: int, sms: int) -> None:
                          "forever; ask for fewer programs")
 
 
-def step_outputs(losses: torch.Tensor, params: torch.Tensor, before: torch.Tensor, first: int, steps: int,
-                 epoch: int, layout: Layout) -> list[torch.Tensor]:
+def step_outputs(losses: torch.Tensor, pos: torch.Tensor, first: int, steps: int, epoch: int, layout: Layout,
+                 params: torch.Tensor, params_before: torch.Tensor, bufs: torch.Tensor | None = None,
+                 bufs_before: torch.Tensor | None = None) -> list[torch.Tensor]:
     """What a segment of `steps` steps from slot `first` of an epoch of `epoch` steps is judged by:
-    its losses, then each tensor's update (W0, b0, W1, ...: params less `before`, in params'
-    dtype). Updates, not weights: a weight's error next to its size would hide an update gone wrong
-    (a bias never updated moves by far less than its rounding)."""
+    its losses, how far it moved the position, then each tensor's update (W0, b0, W1, ...: params
+    less params_before) and, with momentum, each buffer's. Updates, not weights: a weight's error
+    next to its size would hide an update gone wrong (a bias never updated moves by far less than
+    its rounding)."""
     slots = (torch.arange(steps, device=losses.device) + first) % epoch
-    return [losses.index_select(0, slots)] + layout.views(params - before)
+    moved = [layout.views(params - params_before)] + ([layout.views(bufs - bufs_before)] if bufs is not None else [])
+    return [losses.index_select(0, slots), (pos.double() - first).view(1)] + [t for views in moved for t in views]
 
 
 def barriers_per_step(layers: int, split_k: int) -> int:

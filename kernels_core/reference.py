@@ -139,17 +139,17 @@ class exact:
         return exact.sgd_update([w, bias], [gw, dy.double().sum(0)], [w_buf, b_buf] if momentum else None,
                                 lr=lr, momentum=momentum, weight_decay=weight_decay)
 
-
     @staticmethod
     def persistent(x, y, batches, pos, params, bufs, losses, *, layout, lr, momentum=0.0, weight_decay=0.0, steps):
         """The persistent kernel's segment of `steps` steps in float64 (mlp_steps), on copies:
         persistent.step_outputs of it."""
-        params64, first = params.double(), int(pos)
+        params64, first, after = params.double(), int(pos), pos.clone()
         bufs64 = bufs.double() if momentum else None
         losses64 = losses.double()
-        mlp_steps(x, y, batches, pos.clone(), params64, bufs64, losses64, layout, lr=lr, momentum=momentum,
-                   weight_decay=weight_decay, steps=steps, compute=torch.float64)
-        return step_outputs(losses64, params64, params.double(), first, steps, batches.shape[0], layout)
+        mlp_steps(x, y, batches, after, params64, bufs64, losses64, layout, lr=lr, momentum=momentum,
+                  weight_decay=weight_decay, steps=steps, compute=torch.float64)
+        return step_outputs(losses64, after, first, steps, batches.shape[0], layout, params64, params.double(),
+                            bufs64, bufs.double() if momentum else None)
 
 
 @dataclass
