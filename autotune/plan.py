@@ -34,7 +34,7 @@ class Plan:
         """Every tunable name of the chosen backends (all ops), for stable CSV columns."""
         names: list[str] = []
         for module in self.modules.values():
-            for op in TUNED_OPS:
+            for op in OPS + tuple(op for op in self.ops if op not in OPS):  # the ops' columns in every run
                 for dtype in DTYPES:
                     try:
                         space = module.space(op, dtype)
@@ -63,12 +63,16 @@ NEEDS_GPU = {"cuda": "the raw-CUDA twin runs on an NVIDIA GPU only"}
 def build_plan(args: argparse.Namespace) -> Plan:
     target = resolve_target(args.target, compile_only=args.compile_only)
     ops = split_list(args.ops, TUNED_OPS, "ops", everything=OPS)  # the persistent kernel only when named
+    skipped = []
+    if args.compile_only and "persistent" in ops:  # compile reports know the ops' kernels, not the net's
+        ops.remove("persistent")
+        skipped.append("persistent: --compile-only has no compile report of the persistent kernel (its kernel is "
+                       "the net's, not a config's); time it on a GPU")
     # The workload's default is the trainer's default dtype, so a plain run tunes what it trains.
     dtypes = split_list(args.dtypes or ("fp16" if args.shapes is not None else "fp32"), tuple(DTYPES), "dtypes")
     names = split_list(args.backends, tuple(backends.registry()), "backends")
-    skipped = []
     if target.name == "cpu":  # search.parse_args refuses --compile-only with it
-        skipped = [f"{name}: {NEEDS_GPU[name]}; --target cpu times on the host" for name in names if name in NEEDS_GPU]
+        skipped += [f"{name}: {NEEDS_GPU[name]}; --target cpu times on the host" for name in names if name in NEEDS_GPU]
         names = [name for name in names if name not in NEEDS_GPU]
     plan = Plan(target, {name: backends.load(name) for name in names}, ops, dtypes, skipped=skipped)
     shapes = parse_shapes(args.shapes) if args.shapes is not None else None

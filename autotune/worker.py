@@ -174,6 +174,8 @@ class Runner:
             return self._failure(exc, device)
 
     def measure(self, req: dict) -> dict:
+        """The prepared call checked against float64, then timed (the persistent kernel's time is a
+        step's: a segment's over its steps, autotune.workload.timed)."""
         from autotune.workload import bind, check_result, expected, gate_precision, run, timed
 
         if self.prepared is None:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from kernels_core.contract import DTYPE_NAMES, DTYPES, TUNED_OPS
-from kernels_core.mlp import DEFAULT, MNIST_CLASSES, MNIST_IN, SGD_OPS, Call, dedupe
+from kernels_core.mlp import DEFAULT, SGD_OPS, Call, dedupe
 from kernels_core.persistent import Layout, step_outputs
 from kernels_core.reference import exact
 from kernels_core.shapes import FUSED_LAYOUT, OP_RANK
@@ -276,8 +276,9 @@ def flops_bytes(op: str, shape, dtype: str, momentum: float = SGD_HYPER["momentu
     if op == "persistent":  # 3 GEMMs a layer (forward, weight gradient, input gradient but the first's)
         layout = Layout(*shape)
         pairs = list(zip(layout.dims[:-1], layout.dims[1:]))
-        flops = 2.0 * layout.batch * (3 * sum(a * b for a, b in pairs) - MNIST_IN * layout.hidden)
-        return flops, float(elt * layout.batch * (MNIST_IN + MNIST_CLASSES) + fp32_state * layout.numel)
+        flops = 2.0 * layout.batch * (3 * sum(a * b for a, b in pairs) - layout.inputs * layout.hidden)
+        rows = layout.batch * (elt * layout.inputs + 16)  # each row's image, its index and its label (int64)
+        return flops, float(rows + fp32_state * layout.numel)
     if op == "matmul":
         m, n, k = shape
         return 2.0 * m * n * k, float(elt * (m * k + k * n + m * n))

@@ -164,7 +164,8 @@ def main(argv=None) -> int:
                         print(f"FAILED {what}: {type(exc).__name__}: {exc}", flush=True)
                         continue
                     r = rows[-1]
-                    print(f"{what}: {r['us_per_step']:.2f} µs a step ({r['programs']} programs, p20 {r['us_p20']:.2f}, "
+                    print(f"{what}: {r['us_per_step']:.2f} µs a step ({r['programs']} programs, "
+                          f"p20 {r['us_p20']:.2f}, "
                           f"p80 {r['us_p80']:.2f}; loss {r['loss_diff']:.2g} off fused)", flush=True)
                     pd.concat([earlier, pd.DataFrame(rows)]).to_csv(out, index=False)
                     if phases:

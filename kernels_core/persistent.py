@@ -91,11 +91,11 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 # number of tiles (at most one a program is best) against each tile's chain of k-steps.
 DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
 # What the tuner searches (op "persistent", both twins, every dtype): tile sides up to 64 (at
-# H = 128 a phase has at most 16 tiles of 32 x 32 for 132 programs: larger tiles only lengthen
-# each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of 98), one program a
-# multiprocessor (fewer programs measured slower: 45.9 µs at 64 against 43.0 at 132, H100,
-# h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin (at
-# most 33 KB: kernels_cuda/persistent.py's smem_bytes).
+# H = 128 a layer's output is 16 tiles of 32 x 32 for 132 programs: larger tiles only lengthen
+# each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of whole k-steps), one
+# program a multiprocessor (fewer programs measured slower: 45.9 µs at 64 against 43.0 at 132,
+# H100, h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin
+# (33 KB at the largest tiles: kernels_cuda/persistent.py's smem_bytes).
 SPACE = Space(
     params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BC=(16, 32, 64), BL=(16, 32),
                 num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
@@ -193,6 +193,15 @@ def check_stamps(stamps: torch.Tensor, steps: int, barriers: int) -> None:
     if stamps.dtype != torch.int64 or stamps.numel() < need:
         raise ValueError(f"stamps: {stamps.dtype} ({stamps.numel()},), expected int64 with {need} entries for "
                          f"{steps} steps: the launch's start and one a barrier")
+
+
+def check_segment(layers: int, split_k: int, steps: int, programs: int, stamps: torch.Tensor | None) -> None:
+    """A twin's launch of `steps` steps, refused in one line where its barrier counter would wrap
+    or its clock buffer (if any) would overrun."""
+    barriers = barriers_per_step(layers, split_k)
+    check_barrier_count(steps, barriers, programs)
+    if stamps is not None:
+        check_stamps(stamps, steps, barriers)
 
 
 def phase_names(layers: int, split_k: int) -> list[str]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_core.contract import cdiv
-from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
-                                     check_inputs, check_stamps, resolve_config)
+from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
+                                     resolve_config)
 
 from . import _runtime as rt
 
@@ -56,10 +56,7 @@ class Plan:
     stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        barriers = barriers_per_step(self.layout.layers, self.config["SPLIT_K"])
-        check_barrier_count(steps, barriers, self.programs)
-        if self.stamps is not None:
-            check_stamps(self.stamps, steps, barriers)
+        check_segment(self.layout.layers, self.config["SPLIT_K"], steps, self.programs, self.stamps)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)

@@ -57,8 +57,8 @@ import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
 from kernels_core import compile_only
-from kernels_core.persistent import (Layout, barriers_per_step, blocks_per_sm, check_barrier_count, check_coresident,
-                                     check_inputs, check_stamps, resolve_config)
+from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
+                                     resolve_config)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -142,7 +142,8 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
         offs_m = (tile // tiles_n) * BM + tl.arange(0, BM)
         offs_n = (tile % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
-        acc = _tile_product(a_ptr, _source_rows(rows_ptr, offs_m, in_m, GATHER), in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
+        src = _source_rows(rows_ptr, offs_m, in_m, GATHER)
+        acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
                             BM, BN, BK)
         at = offs_m[:, None] * N + offs_n[None, :]
         if SPLIT == 1:
@@ -252,7 +253,8 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
     for b0 in range(0, M, BK):
         offs_b = b0 + tl.arange(0, BK)
         in_b = offs_b < M
-        a = _load_a(a_ptr, _source_rows(rows_ptr, offs_b, in_b, GATHER), offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
+        src = _source_rows(rows_ptr, offs_b, in_b, GATHER)
+        a = _load_a(a_ptr, src, offs_r, in_b[:, None] & in_r[None, :], K, GATHER)
         d = tl.load(d_ptr + offs_b[:, None] * N + offs_c[None, :], mask=in_b[:, None] & in_c[None, :], other=0.0,
                     cache_modifier=".cg")
         g = _dot(tl.trans(a), d, g, tl.float32, 0)
@@ -359,10 +361,7 @@ class Plan:
     stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        barriers = barriers_per_step(self.layout.layers, self.config["SPLIT_K"])
-        check_barrier_count(steps, barriers, self.programs)
-        if self.stamps is not None:
-            check_stamps(self.stamps, steps, barriers)
+        check_segment(self.layout.layers, self.config["SPLIT_K"], steps, self.programs, self.stamps)
         self.counter.zero_()
         if compile_only.active():  # plan compiled the kernel already
             return
@@ -404,7 +403,8 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
         compiled = _train_kernel.warmup(**args, steps=0, grid=(programs,), num_warps=cfg["num_warps"])
         compiled._init_handles()
         per_sm = blocks_per_sm(compiled.function, 32 * cfg["num_warps"], compiled.metadata.shared)
-        check_coresident("persistent kernel", programs, per_sm, torch.cuda.get_device_properties(device).multi_processor_count)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        check_coresident("persistent kernel", programs, per_sm, sms)
     return p
 
 

@@ -72,7 +72,8 @@ def test_the_gate_passes_the_kernel_and_fails_each_planted_fault(dtype, momentum
     buffers not updated each fail (the net's weights, 600 times their updates, would hide the first
     two)."""
     if torch.cuda.is_available():
-        pytest.skip("the interpreter's gate; the GPU's runs in test_both_twins_tune_the_persistent_kernel_on_the_gpu")
+        pytest.skip("the interpreter's gate; the GPU's: tests/test_autotune_search.py, "
+                    "test_both_twins_tune_the_persistent_kernel_on_the_gpu_per_step")
     inputs = _inputs(dtype, momentum)
     refs = expected("persistent", inputs)
     precision = gate_precision(persistent_call(*NET, dtype, momentum), None, None)
@@ -130,11 +131,14 @@ def test_the_search_flags_leave_the_persistent_kernel_to_whoever_names_it():
     assert persistent_call(16, 1, 16, "fp16", 0.0).study_key == "16x1x16:mlp:no-momentum"
     shapes = build_plan(search.parse_args(base[:4] + ["--ops", "persistent", "--shapes", "16x16x16"]))
     assert not shapes.jobs and any("tuned on the mnist-mlp workload's net" in s for s in shapes.skipped)
+    offline = build_plan(search.parse_args(["--compile-only", "--target", "sm_90", "--ops", "persistent,matmul"]))
+    assert {job.call.op for job in offline.jobs} == {"matmul"}
+    assert any(s.startswith("persistent: --compile-only has no compile report") for s in offline.skipped)
 
 
 @pytest.mark.slow  # the tuner in subprocesses
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's search; the GPU's is in test_trainer_gpu")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's search (the GPU's is in test_autotune_search)")
 def test_a_search_writes_the_persistent_kernels_winner_and_the_trainer_runs_it(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
@@ -148,6 +152,7 @@ def test_a_search_writes_the_persistent_kernels_winner_and_the_trainer_runs_it(t
     _check_the_trainer_runs(out / "cpu" / "best.json", entry["config"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a store of the cpu target, which a GPU's run refuses")
 def test_the_trainer_runs_the_stores_persistent_config(tmp_path):
     """A store entry for the run's net (written as the tuner writes one) is the config --persistent
     runs, and the run's table says so."""
