@@ -38,9 +38,9 @@
 // of W, its momentum buffer and (row block 0) its bias are updated by the same block every step:
 // plain loads there; x, y and batches are written by no one.
 //
-// Shared memory (dynamic, the largest phase's; kernels_cuda/persistent.py's smem_bytes mirrors
-// PersistentSmem, held to it by static_asserts in tests/test_persistent_cuda.py's build): see
-// PersistentSmem.
+// Shared memory (dynamic: the step's rows and the largest phase's; kernels_cuda/persistent.py's
+// smem_bytes mirrors PersistentSmem, held to it by static_asserts in tests/test_persistent_cuda.py's
+// build): see PersistentSmem.
 #include "dtypes.cuh"
 #include "fused.cuh"
 #include "grid_barrier.cuh"
@@ -50,16 +50,19 @@ __host__ __device__ constexpr int cdiv_c(int a, int b) { return (a + b - 1) / b;
 
 __host__ __device__ constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
-// Floats of shared memory a phase uses; the host sizes the launch with its mirror. A product
-// stages a BMT x BK tile of its left operand (rows padded by one float, so the k-contiguous stores
-// spread over the banks) and a BK x BNT tile of its right; the loss keeps its rows' logits, their
-// gradient and losses past that, and stages BN rows of W_L (its dx step) where the product's tiles were.
+// Floats of shared memory a block uses; the host sizes the launch with its mirror. First the step's
+// M batch rows (int64, 2 floats each), staged once a step, so a gathered load of x waits for one
+// round trip, not for the row's index and then the row; then the largest phase's: a product stages
+// a BMT x BK tile of its left operand (rows padded by one float, so the k-contiguous stores spread
+// over the banks) and a BK x BNT tile of its right; the loss keeps its rows' logits, their gradient
+// and losses past that, and stages BN rows of W_L (its dx step) where the product's tiles were.
 template <int M, int OUT, int BM, int BN, int BK, int BR, int BC, int BL>
 struct PersistentSmem {
+    static constexpr int ROWS = 2 * M;
     static constexpr int FORWARD = BM * (BK + 1) + BK * BN;
     static constexpr int UPDATE = BR * (BK + 1) + BK * BC;
     static constexpr int LOSS = max_c(BL * (BK + 1) + BK * OUT, BN * OUT) + 2 * BL * OUT + BL;
-    static constexpr int FLOATS = max_c(FORWARD, max_c(UPDATE, LOSS));
+    static constexpr int FLOATS = ROWS + max_c(FORWARD, max_c(UPDATE, LOSS));
 };
 
 // A thread's share of a SIZE-element copy into shared memory, element e = i * THREADS + tid:
@@ -340,7 +343,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
             EltT<DT>* grads, float* part, float* slots, float* losses, u32* counter, i64* pos, i64* stamps, int steps,
             int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
-    extern __shared__ __align__(16) float smem[];
+    extern __shared__ __align__(16) float shared[];
+    i64* const rows = reinterpret_cast<i64*>(shared);  // the step's batch rows (PersistentSmem)
+    float* const smem = shared + PersistentSmem<M, OUT, BM, BN, BK, BR, BC, BL>::ROWS;  // the phases'
     constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
     constexpr int W1 = IN * H + H, W_LAST = W1 + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
     constexpr int N1 = LAYERS == 1 ? OUT : H;  // W_1's columns
@@ -352,7 +357,9 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     u32 arrivals = 0;
     for (int step = 0; step < steps; ++step) {
         const i64 s = (first + step) % epoch_steps;
-        const i64* rows = batches + s * M;
+        // the last step's readers of `rows` passed its final barrier, whose threads meet first
+        for (int i = threadIdx.x; i < M; i += THREADS) rows[i] = batches[s * M + i];
+        __syncthreads();
         forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
                                                                           part, smem);
         if constexpr (SPLIT_K > 1) {

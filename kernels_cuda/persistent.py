@@ -26,7 +26,7 @@ def smem_bytes(cfg: dict, layout: Layout) -> int:
     forward = cfg["BM"] * (bk + 1) + bk * cfg["BN"]
     update = cfg["BR"] * (bk + 1) + bk * cfg["BC"]
     loss = max(cfg["BL"] * (bk + 1) + bk * out, cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
-    return 4 * max(forward, update, loss)
+    return 4 * (2 * layout.batch + max(forward, update, loss))
 
 
 def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
