@@ -159,17 +159,19 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
 }
 
 // out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
-// tile-slice t sums its slice s of K_EACH k's into the fp32 partial s of part (SPLIT x M x N), and
+// tile-slice t sums its slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S = cdiv(K, BK)
+// (as even as whole k-steps go, none empty), into the fp32 partial s of part (SPLIT x M x N), and
 // split_sum finishes the layer after a barrier.
-template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT, int K_EACH>
+template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT>
 __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
                                         EltT<DT>* out, float* part, float* smem) {
     constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N;
+    constexpr int K_STEPS = cdiv_c(K, BK);
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
         float acc[OUTS];
         product<BM, BN, BK, THREADS>(
-            s * K_EACH, s * K_EACH + K_EACH,
+            s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
             [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
             acc, smem);
@@ -349,7 +351,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
     constexpr int W1 = IN * H + H, W_LAST = W1 + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
     constexpr int N1 = LAYERS == 1 ? OUT : H;  // W_1's columns
-    constexpr int MH = M * H, K_EACH = cdiv_c(cdiv_c(IN, SPLIT_K), BK) * BK;
+    constexpr int MH = M * H;
     constexpr int DX_TILES = cdiv_c(M, BM) * cdiv_c(H, BN);
     EltT<DT>* const d_last = grads + LAYERS * MH;
     if (STAMPS && blockIdx.x == 0 && threadIdx.x == 0) stamps[0] = (i64)globaltimer();
@@ -360,8 +362,8 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
         // the last step's readers of `rows` passed its final barrier, whose threads meet first
         for (int i = threadIdx.x; i < M; i += THREADS) rows[i] = batches[s * M + i];
         __syncthreads();
-        forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K, K_EACH>(x, rows, params, params + IN * H, acts,
-                                                                          part, smem);
+        forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K>(x, rows, params, params + IN * H, acts, part,
+                                                                  smem);
         if constexpr (SPLIT_K > 1) {
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
             split_sum<DT, M, H, THREADS, SPLIT_K>(part, params + IN * H, acts);
@@ -369,8 +371,8 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
         end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         for (int l = 1; l < LAYERS; ++l) {
             const int at = W1 + (l - 1) * HIDDEN;
-            forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1, H>(acts + (l - 1) * MH, rows, params + at,
-                                                                   params + at + H * H, acts + l * MH, part, smem);
+            forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1>(acts + (l - 1) * MH, rows, params + at,
+                                                                params + at + H * H, acts + l * MH, part, smem);
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
         loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,

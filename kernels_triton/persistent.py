@@ -12,8 +12,9 @@ W_L, L = layers; A_0 = x[rows], A_{l+1} = relu(A_l @ W_l + b_l), D_l the gradien
 output):
 
     forward     A_{l+1} in BM x BN tiles, l = 0 .. L-1. The first layer's K = 784 may split into
-                SPLIT_K slices, each tile-slice summing into an fp32 partial, and a phase more
-                sums the partials in order and adds b_0 (a chain of 784 / SPLIT_K k-steps a tile).
+                SPLIT_K slices of whole k-steps, each tile-slice summing into an fp32 partial, and a
+                phase more sums the partials in order and adds b_0 (a chain of about 784 / SPLIT_K
+                k's a tile).
     loss        BL rows x BN columns of D_{L-1} a tile: the rows' D_L = (softmax(A_L @ W_L + b_L) -
                 onehot) / B (each row block's summed loss in a slot), and at once D_{L-1} = (D_L @
                 W_L^T) * (A_L > 0): D_L is a short product (its N is the classes) that each tile of
@@ -129,11 +130,12 @@ def _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, k_lo, k_hi, N: tl.const
 
 @triton.jit
 def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
-             N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr, K_EACH: tl.constexpr,
+             N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N), in BM x BN
-    tiles. SPLIT > 1: tile t's slice s of K_EACH k's sums into the fp32 partial s of part (SPLIT x M
-    x N), and _split_sum finishes the layer into out after a barrier."""
+    tiles. SPLIT > 1: tile t's slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S =
+    cdiv(K, BK) (as even as whole k-steps go, none empty), sums into the fp32 partial s of part
+    (SPLIT x M x N), and _split_sum finishes the layer into out after a barrier."""
     tiles_n = tl.cdiv(N, BN)
     tiles = tl.cdiv(M, BM) * tiles_n
     for t in range(pid, tiles * SPLIT, programs):
@@ -143,8 +145,9 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
         offs_n = (tile % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
         src = _source_rows(rows_ptr, offs_m, in_m, GATHER)
-        acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, s * K_EACH, s * K_EACH + K_EACH, N, K, GATHER,
-                            BM, BN, BK)
+        k_steps = tl.cdiv(K, BK)
+        acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, (s * k_steps // SPLIT) * BK,
+                            ((s + 1) * k_steps // SPLIT) * BK, N, K, GATHER, BM, BN, BK)
         at = offs_m[:, None] * N + offs_n[None, :]
         if SPLIT == 1:
             acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
@@ -274,7 +277,7 @@ def _train_kernel(
     pos_ptr, stamps_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
-    NP: tl.constexpr, SPLIT_K: tl.constexpr, K_EACH: tl.constexpr,
+    NP: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STAMPS: tl.constexpr,
 ):
     """`steps` steps from the epoch's slot *pos_ptr on (wrapping at epoch_steps), then *pos_ptr +=
@@ -293,7 +296,7 @@ def _train_kernel(
         s = (first + step) % epoch_steps
         rows = batches_ptr + s * M
         _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, part_ptr, M, pid, programs, H, IN, True, SPLIT_K,
-                 K_EACH, BM, BN, BK)
+                 BM, BN, BK)
         if SPLIT_K > 1:
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
@@ -303,7 +306,7 @@ def _train_kernel(
         for l in tl.static_range(1, LAYERS):
             w = W1 + (l - 1) * (H * H + H)
             _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr, M,
-                     pid, programs, H, H, False, 1, H, BM, BN, BK)
+                     pid, programs, H, H, False, 1, BM, BN, BK)
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         w_last = W1 + (LAYERS - 1) * (H * H + H)
@@ -413,7 +416,6 @@ def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, sta
     tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BC", "BL", "SPLIT_K")}
     return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
                 NP=max(16, triton.next_power_of_2(layout.classes)),
-                K_EACH=triton.cdiv(triton.cdiv(layout.inputs, cfg["SPLIT_K"]), cfg["BK"]) * cfg["BK"],
                 HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps)
 
 
