@@ -48,15 +48,19 @@ def tolerance(dtype, k, device):
     return u + 8 * math.sqrt(max(k, 1)) * 2.0**-24
 
 
+def products_over_ref(a, b, ref, trans_a=False, trans_b=False) -> float:
+    """|| |A| |B| || / ||ref||: what a per-product error bound of e |a||b| becomes in the norm-wise
+    error (at most e times this), at any K, whatever a bias or ReLU does to ref (a bias cancelling a
+    product leaves its error; ReLU shrinks none); clamped where ref is all zeros (K = 0)."""
+    magnitude = exact.matmul(a.abs(), b.abs(), trans_a=trans_a, trans_b=trans_b)
+    return (torch.linalg.vector_norm(magnitude.double().cpu())
+            / torch.linalg.vector_norm(ref.double().cpu()).clamp_min(1e-300)).item()
+
+
 def tf32x3_slack(a, b, ref, trans_a=False, trans_b=False) -> float:
     """What 3xTF32 (TF32 = 3) may add to tolerance(): each product drops a_small * b_small and the
-    roundings of the small parts, at most 3 * 2**-22 |a||b|, so the norm-wise error at most
-    3 * 2**-22 || |A| |B| || / ||ref||, at any K, whatever a bias or ReLU does to ref (a bias cancelling
-    a product leaves its error; ReLU shrinks none)."""
-    magnitude = exact.matmul(a.abs(), b.abs(), trans_a=trans_a, trans_b=trans_b)
-    # As rel_err measures: against ||ref||, clamped where ref is all zeros (K = 0 has no products).
-    return 3 * 2.0**-22 * (torch.linalg.vector_norm(magnitude.double().cpu())
-                           / torch.linalg.vector_norm(ref.double().cpu()).clamp_min(1e-300)).item()
+    roundings of the small parts, at most 3 * 2**-22 |a||b| (products_over_ref)."""
+    return 3 * 2.0**-22 * products_over_ref(a, b, ref, trans_a, trans_b)
 
 
 def pick_config(ops, dtype, device, rng, split_k):
