@@ -23,7 +23,6 @@ file's earlier rows.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 from dataclasses import replace
@@ -101,11 +100,8 @@ def measure(backend: str, protocol: str, hidden: int, name: str, reps: int, fuse
         split = mlp.plan.config["SPLIT_K"]
         barriers = barriers_per_step(cfg.layers, split)
         stamps = torch.zeros(1 + steps * barriers, dtype=torch.int64, device=built.batches.x.device)
-        kernel = importlib.import_module(f"kernels_{backend}.persistent")
-        timed = kernel.plan(built.batches.x, built.batches.y, built.batches.epoch_batches, built.batches.pos, mlp.flat,
-                            mlp.bufs, built.stepper.losses, mlp.layout, lr=cfg.lr, momentum=cfg.momentum,
-                            weight_decay=cfg.weight_decay, config=CONFIGS[name], stamps=stamps)
-        mlp.restore(saved)
+        timed = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
+                              kernel_config=CONFIGS[name], stamps=stamps)  # from the same initial weights
         built.batches.pos.zero_()
         timed.run(steps)
         torch.cuda.synchronize()

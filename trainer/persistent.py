@@ -45,7 +45,8 @@ class PersistentMLP:
     gathers_batch = True
 
     def __init__(self, initial: MLP, config: Config, batches: DeviceBatches, losses: torch.Tensor,
-                 kernel_config: dict | None = None):
+                 kernel_config: dict | None = None, stamps: torch.Tensor | None = None):
+        """The kernel planned on `initial`'s weights; stamps: the kernel's clock buffer (its plan's)."""
         device = batches.x.device
         self.layout = Layout(config.hidden, config.layers, config.batch_size)
         self.flat = torch.cat([t.detach().reshape(-1) for linear in initial.linears
@@ -55,7 +56,7 @@ class PersistentMLP:
         kernel = importlib.import_module(f"kernels_{config.backend}.persistent")
         self.plan = kernel.plan(batches.x, batches.y, batches.epoch_batches, batches.pos, self.flat, self.bufs,
                                 losses, self.layout, lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay, config=kernel_config)
+                                weight_decay=config.weight_decay, config=kernel_config, stamps=stamps)
 
     def describe(self) -> str:
         return f"persistent kernel: {self.plan.programs} programs, config {self.plan.config}"
