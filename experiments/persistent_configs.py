@@ -1,8 +1,9 @@
 """The persistent training kernel's step time over a few of its configs (a GPU machine): which
-tile sizes, warps and grid sizes its phases want, before the tuner searches them.
+tile sizes, warps and grid sizes its phases want, and where a tuned config's time goes (the
+config `tuned`: a store's entry for the net).
 
     python -m experiments.persistent_configs [--backends triton,cuda] [--protocol default,seed]
-        [--hidden 128] [--configs NAME,...] [--reps 5] [--phases]
+        [--hidden 128] [--configs NAME,...] [--tuned-configs STORE] [--reps 5] [--phases]
 
 Each config trains the protocol's net on MNIST from the trainer's initial weights and data order
 (trainer.train.build with --persistent): the first steps are checked against the fused step's
@@ -26,6 +27,7 @@ import argparse
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -63,8 +65,8 @@ def _losses(step, batches, losses: torch.Tensor, steps: int) -> list[float]:
     return losses[:steps].tolist()
 
 
-def measure(backend: str, protocol: str, hidden: int, name: str, reps: int, fused_losses: list[float],
-            phases: list[dict]) -> dict:
+def measure(backend: str, protocol: str, hidden: int, name: str, config: dict, reps: int,
+            fused_losses: list[float], phases: list[dict]) -> dict:
     """The config's row; with `phases` a list, also one launch of an epoch with the kernel's clock
     stamps, each phase's median, p20 and p80 over the steps appended to it."""
     from trainer.persistent import PersistentMLP
@@ -75,7 +77,7 @@ def measure(backend: str, protocol: str, hidden: int, name: str, reps: int, fuse
                   tuned_configs="none")
     built = build(cfg)  # the data, batches and loss slots; the fused model it holds compiles nothing unused
     mlp = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
-                        kernel_config=CONFIGS[name])
+                        kernel_config=config)
     saved = mlp.snapshot()
     got = _losses(lambda: mlp.run(1), built.batches, built.stepper.losses, CHECK_STEPS)
     diff = max(abs(a - b) / abs(b) for a, b in zip(got, fused_losses))
@@ -94,14 +96,14 @@ def measure(backend: str, protocol: str, hidden: int, name: str, reps: int, fuse
         times.append(start.elapsed_time(end) * 1e3 / steps)
     q = statistics.quantiles(times, n=5, method="inclusive")
     row = dict(backend=backend, protocol=protocol, hidden=hidden, config=name,
-               kernel_config=str({**DEFAULT, **CONFIGS[name]}), programs=mlp.plan.programs, steps=steps,
+               kernel_config=str({**DEFAULT, **config}), programs=mlp.plan.programs, steps=steps,
                us_per_step=statistics.median(times), us_p20=q[0], us_p80=q[3], loss_diff=diff, **provenance())
     if phases is not None:
         split = mlp.plan.config["SPLIT_K"]
         barriers = barriers_per_step(cfg.layers, split)
         stamps = torch.zeros(1 + steps * barriers, dtype=torch.int64, device=built.batches.x.device)
         timed = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
-                              kernel_config=CONFIGS[name], stamps=stamps)  # from the same initial weights
+                              kernel_config=config, stamps=stamps)  # from the same initial weights
         built.batches.pos.zero_()
         timed.run(steps)
         torch.cuda.synchronize()
@@ -122,13 +124,33 @@ def fused_losses(backend: str, protocol: str, hidden: int) -> list[float]:
     return _losses(built.stepper.eager, built.batches, built.stepper.losses, CHECK_STEPS)
 
 
+def tuned_config(store: str, backend: str, protocol: str, hidden: int) -> dict:
+    """The store's persistent entry for the protocol's net at `hidden` (the tuner's, `python -m
+    autotune.search --ops persistent`), refused in one line where it has none."""
+    import json
+
+    from kernels_core.mlp import persistent_call
+    from kernels_core.store import load_store
+
+    p = PROTOCOLS[protocol]
+    call = persistent_call(hidden, p.layers, p.batch_size, p.dtype, p.momentum)
+    config, source = load_store(store, json.loads(Path(store).read_text())["target"]).lookup(
+        call.op, backend, call.dtype, call.key)
+    if source != "tuned":
+        raise ValueError(f"{store}: no persistent entry for {backend} {call.dtype} {call.key}")
+    return config
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.persistent_configs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", default="triton", help="comma-separated, of triton, cuda (default triton)")
     p.add_argument("--protocol", default="default,seed", help="comma-separated, of default, seed")
     p.add_argument("--hidden", default="128", help="comma-separated widths (default 128)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, of {', '.join(CONFIGS)}, and tuned (the store's config for the net)")
+    p.add_argument("--tuned-configs", default=None, metavar="STORE",
+                   help="a config store (best.json) whose persistent entry for each net the config 'tuned' runs")
     p.add_argument("--reps", type=int, default=5, help="launches of an epoch's steps a config (default 5)")
     p.add_argument("--phases", action="store_true",
                    help="also each phase's time, from the kernel's clock stamps (persistent_phases.csv)")
@@ -137,9 +159,13 @@ def main(argv=None) -> int:
     if set(backends) - {"triton", "cuda"}:
         p.error(f"--backends {args.backends}: of triton, cuda")
     names = args.configs.split(",")
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in CONFIGS and n != "tuned"]
     if unknown:
-        p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+        p.error(f"unknown configs {unknown}; known: {list(CONFIGS)} and tuned")
+    if "tuned" in names and not args.tuned_configs:
+        p.error("--configs tuned: give the store it reads, --tuned-configs STORE")
+    if args.tuned_configs and not Path(args.tuned_configs).is_file():
+        p.error(f"--tuned-configs {args.tuned_configs}: no such file")
     if not torch.cuda.is_available():
         p.error("no CUDA device: the kernel's step time is a GPU's")
     out = results_dir() / "persistent_configs.csv"
@@ -155,7 +181,9 @@ def main(argv=None) -> int:
                 for name in names:
                     what = f"{backend} {protocol} H={hidden} {name}"
                     try:
-                        rows.append(measure(backend, protocol, hidden, name, args.reps, reference, phases))
+                        config = tuned_config(args.tuned_configs, backend, protocol, hidden) if name == "tuned" \
+                            else CONFIGS[name]
+                        rows.append(measure(backend, protocol, hidden, name, config, args.reps, reference, phases))
                     except Exception as exc:  # one config failing must not lose the others' rows
                         print(f"FAILED {what}: {type(exc).__name__}: {exc}", flush=True)
                         continue

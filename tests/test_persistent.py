@@ -352,7 +352,29 @@ def test_the_configs_experiment_refuses_an_unknown_config_or_backend_and_a_machi
     with pytest.raises(SystemExit) as exit_:
         persistent_configs.main(["--backends", "triton,torch"])
     assert exit_.value.code == 2 and "--backends triton,torch: of triton, cuda" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        persistent_configs.main(["--configs", "default,tuned"])
+    assert exit_.value.code == 2 and "--configs tuned: give the store it reads" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        persistent_configs.main(["--configs", "tuned", "--tuned-configs", "no/such/best.json"])
+    assert exit_.value.code == 2 and "no/such/best.json: no such file" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as exit_:
             persistent_configs.main(["--configs", "default"])
         assert exit_.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_configs_experiment_reads_the_tuned_config_of_each_net_from_a_store(tmp_path):
+    """A store's persistent entry for the protocol's net is the config 'tuned' runs; a net it has
+    no entry for is refused in one line."""
+    import json
+
+    from experiments import persistent_configs
+
+    config = {**DEFAULT, "BM": 16, "SPLIT_K": 4}
+    store = tmp_path / "best.json"
+    store.write_text(json.dumps({"target": "sm_90", "format": 1, "entries": [
+        dict(op="persistent", backend="triton", dtype="fp16", shape="128x3x32:mlp", config=config)]}))
+    assert persistent_configs.tuned_config(str(store), "triton", "seed", 128) == config
+    with pytest.raises(ValueError, match="no persistent entry for triton fp32 128x2x128:mlp"):
+        persistent_configs.tuned_config(str(store), "triton", "default", 128)
