@@ -30,11 +30,10 @@ SGD_HYPER = {"lr": 0.01, "momentum": DEFAULT.momentum, "weight_decay": 1e-4}
 # 784-128-128-10 (fp32, momentum 0.9), the gaps taken over 5 steps' rows, the pre-activation nearest
 # to zero was 7.6e-3 of its unit's spread at the first step, 1.4e-4 at the second, 6.8e-7 at the
 # third, within reach of a kernel's rounding (about 1e-7 of it in fp32); over 2 steps' rows, 1.4e-2
-# and 1.3e-3. A timed call is a segment of 32 steps in one
-# launch, through an epoch of MNIST's 60,000 images drawn without repeats, as the trainer's: the
-# first layer gathers rows it has not read lately, from memory, not from L2; on the host, the
-# gate's steps from a few batches' worth. Weight decay 0, the trainer's (whether it is 0 is
-# compiled into the kernel).
+# and 1.3e-3. A timed call is a segment of 32 steps in one launch, through an epoch of MNIST's
+# 60,000 images drawn without repeats, as the trainer's: the first layer gathers rows it has not
+# read lately, from memory, not from L2; on the host, the gate's steps from a few batches' worth.
+# Weight decay 0, the trainer's (whether it is 0 is compiled into the kernel).
 PERSISTENT = {"check_steps": 2, "segment": 32, "images": 60_000, "lr": 0.01, "weight_decay": 0.0}
 
 
@@ -163,11 +162,12 @@ def _open_half(layout: Layout, params: torch.Tensor, a: torch.Tensor) -> None:
     from the wrong row unseen."""
     views = layout.views(params)
     for w, b in zip(views[0:-2:2], views[1:-2:2]):
-        z = (a @ w.double()).sort(0).values
+        pre = a @ w.double()
+        z = pre.sort(0).values
         lo, hi = len(z) // 4, 3 * len(z) // 4
         widest = (z[lo + 1:hi + 1] - z[lo:hi]).argmax(0, keepdim=True) + lo
         b.copy_(-(z.gather(0, widest) + z.gather(0, widest + 1)).squeeze(0) / 2)
-        a = torch.relu(a @ w.double() + b.double())
+        a = torch.relu(pre + b.double())
 
 
 def bind(fn, op: str, inputs: OpInputs, config) -> Callable[[], object]:

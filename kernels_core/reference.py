@@ -46,8 +46,7 @@ def mlp_steps(x, y, batches, pos, params, bufs, losses, layout, *, lr, momentum,
     arithmetic is `compute`'s (the loss's and the SGD update's at least fp32's, as the kernels');
     every value the kernels store in x's dtype (the weights a GEMM reads, each activation, the
     logits, each output gradient) is rounded to it, so that in float64 only the kernels' fp32
-    sums stay between the two. Capturable: nothing reads the device
-    on the host."""
+    sums stay between the two. Capturable: nothing reads the device on the host."""
     rd = lambda t: t.to(x.dtype).to(compute)  # noqa: E731
     sgd = torch.promote_types(compute, torch.float32)  # the loss's and the update's: fp32 at least
     ps = layout.views(params)
@@ -143,13 +142,14 @@ class exact:
     def persistent(x, y, batches, pos, params, bufs, losses, *, layout, lr, momentum=0.0, weight_decay=0.0, steps):
         """The persistent kernel's segment of `steps` steps in float64 (mlp_steps), on copies:
         persistent.step_outputs of it."""
-        params64, first, after = params.double(), int(pos), pos.clone()
-        bufs64 = bufs.double() if momentum else None
+        first, after = int(pos), pos.clone()
+        params_before, bufs_before = params.double(), bufs.double() if momentum else None
+        params64, bufs64 = params_before.clone(), bufs_before.clone() if momentum else None
         losses64 = losses.double()
         mlp_steps(x, y, batches, after, params64, bufs64, losses64, layout, lr=lr, momentum=momentum,
                   weight_decay=weight_decay, steps=steps, compute=torch.float64)
-        return step_outputs(losses64, after, first, steps, batches.shape[0], layout, params64, params.double(),
-                            bufs64, bufs.double() if momentum else None)
+        return step_outputs(losses64, after, first, steps, batches.shape[0], layout, params64, params_before,
+                            bufs64, bufs_before)
 
 
 @dataclass

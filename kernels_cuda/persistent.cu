@@ -219,7 +219,8 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
         const int block = t / CHUNKS, m0 = block * BL, k0 = (t % CHUNKS) * BN;
         const bool first = t % CHUNKS == 0;
         Staged<BN * N, THREADS> w_rows;  // loaded now, stored once the product is done with its tiles
-        w_rows.load([&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
+        w_rows.load(
+            [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
         float acc[OUTS];
         product<BL, N, BK, THREADS>(
             0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
