@@ -50,18 +50,29 @@ __host__ __device__ constexpr int cdiv_c(int a, int b) { return (a + b - 1) / b;
 
 __host__ __device__ constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
+__host__ __device__ constexpr int pow2_ceil(int v) { return v <= 1 ? 1 : 2 * pow2_ceil((v + 1) / 2); }
+
+// A product's shared memory: two stages, one filled while the other is multiplied, each a BK x BMT
+// tile of the left operand and a BK x BNT one of the right, both k-major (rows of k), so a thread
+// reads its TM rows' (TN columns') values at one k as 16-byte vectors. Rows are padded by 4 floats:
+// the stores of a k-contiguous operand then spread over the banks. BNT is rounded up to a power of
+// two (the loss's 10 classes: 16), the columns past BNT computed on zeros.
+template <int BMT, int BNT, int BK>
+struct ProductSmem {
+    static constexpr int LDA = BMT + 4, LDB = pow2_ceil(BNT) + 4, STAGE = BK * (LDA + LDB), FLOATS = 2 * STAGE;
+};
+
 // Floats of shared memory a block uses; the host sizes the launch with its mirror. First the step's
-// M batch rows (int64, 2 floats each), staged once a step, so a gathered load of x waits for one
-// round trip, not for the row's index and then the row; then the largest phase's: a product stages
-// a BMT x BK tile of its left operand (rows padded by one float, so the k-contiguous stores spread
-// over the banks) and a BK x BNT tile of its right; the loss keeps its rows' logits, their gradient
-// and losses past that, and stages BN rows of W_L (its dx step) where the product's tiles were.
+// M batch rows (int64, 2 floats each, rounded up to 16 bytes), staged once a step, so a gathered
+// load of x waits for one round trip, not for the row's index and then the row; then the largest
+// phase's: a product's stages (ProductSmem); the loss keeps its rows' logits, their gradient and
+// losses past those, and stages BN rows of W_L (its dx step) where the product's were.
 template <int M, int OUT, int BM, int BN, int BK, int BR, int BC, int BL>
 struct PersistentSmem {
-    static constexpr int ROWS = 2 * M;
-    static constexpr int FORWARD = BM * (BK + 1) + BK * BN;
-    static constexpr int UPDATE = BR * (BK + 1) + BK * BC;
-    static constexpr int LOSS = max_c(BL * (BK + 1) + BK * OUT, BN * OUT) + 2 * BL * OUT + BL;
+    static constexpr int ROWS = 4 * cdiv_c(2 * M, 4);
+    static constexpr int FORWARD = ProductSmem<BM, BN, BK>::FLOATS;
+    static constexpr int UPDATE = ProductSmem<BR, BC, BK>::FLOATS;
+    static constexpr int LOSS = max_c(ProductSmem<BL, OUT, BK>::FLOATS, BN * OUT) + 2 * BL * OUT + BL;
     static constexpr int FLOATS = ROWS + max_c(FORWARD, max_c(UPDATE, LOSS));
 };
 
@@ -122,40 +133,101 @@ __device__ __forceinline__ float a_elem(const EltT<DT>* a, const i64* rows, int 
         return load_cg<DT>(a + (i64)m * K + k);
 }
 
-// acc[i] = sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n) for the outputs
-// idx = i * THREADS + tid of a BMT x BNT tile (m = idx / BNT, n = idx % BNT); the loaders return 0
-// past their operand's edges.
-template <int BMT, int BNT, int BK, int THREADS, typename Left, typename Right>
-__device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right,
-                                        float (&acc)[cdiv_c(BMT * BNT, THREADS)], float* smem) {
-    constexpr int OUTS = cdiv_c(BMT * BNT, THREADS), LDA = BK + 1;
-    float* as = smem;
-    float* ws = smem + BMT * LDA;
-    const int tid = threadIdx.x;
-    Staged<BMT * BK, THREADS> left_k;
-    Staged<BK * BNT, THREADS> right_k;
-    auto fetch = [&](int k0) {
-        left_k.load([&](int e) { return k0 + e % BK < k_hi ? left(e / BK, k0 + e % BK) : 0.f; });
-        right_k.load([&](int e) { return k0 + e / BNT < k_hi ? right(k0 + e / BNT, e % BNT) : 0.f; });
-    };
+// How a product's BMT x BNT outputs fall to THREADS threads: each thread a block of TM x TN in
+// registers, RN threads along n (BNP: BNT rounded up to a power of two). A k reads TM + TN values
+// from shared memory for TM x TN FMAs, where one output a read pair left the product bound by the
+// shared loads (measured: 1.85 us a k-step of 32 at 32 x 32 tiles on 8 warps, FINDINGS).
+template <int BMT, int BNT, int THREADS>
+struct TileMap {
+    static constexpr int BNP = pow2_ceil(BNT), OUTS = BMT * BNP / THREADS;
+    static constexpr int TN = OUTS < 4 ? OUTS : 4, TM = OUTS / TN, RN = BNP / TN;
+    static_assert(OUTS >= 1 && OUTS * THREADS == BMT * BNP && THREADS % RN == 0 && THREADS / RN * TM == BMT,
+                  "tile sides powers of two, a tile at least one output a thread");
+    static __device__ __forceinline__ int row(int i) { return threadIdx.x / RN * TM + i; }
+    static __device__ __forceinline__ int col(int j) { return threadIdx.x % RN * TN + j; }
+};
+
+// V consecutive floats of shared memory (16-byte aligned where V >= 4, 8-byte where 2) into v.
+template <int V>
+__device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
+    constexpr int W = V < 4 ? V : 4;
 #pragma unroll
-    for (int i = 0; i < OUTS; ++i) acc[i] = 0.f;
-    if (k_lo < k_hi) fetch(k_lo);
-    for (int k0 = k_lo; k0 < k_hi; k0 += BK) {
-        __syncthreads();  // the last tile's (or phase's) reads of the shared tiles are done
-        left_k.store([&](int e, float v) { as[(e / BK) * LDA + e % BK] = v; });
-        right_k.store([&](int e, float v) { ws[e] = v; });
-        __syncthreads();
-        if (k0 + BK < k_hi) fetch(k0 + BK);  // the next k-step's operands, in flight during this one's FMAs
-#pragma unroll 4
-        for (int k = 0; k < BK; ++k) {
+    for (int q = 0; q < V; q += W) {
+        const Pack<float, W> pack = *reinterpret_cast<const Pack<float, W>*>(p + q);
 #pragma unroll
-            for (int i = 0; i < OUTS; ++i) {
-                const int idx = i * THREADS + tid;
-                if (idx < BMT * BNT) acc[i] = fmaf(as[(idx / BNT) * LDA + k], ws[k * BNT + idx % BNT], acc[i]);
-            }
-        }
+        for (int j = 0; j < W; ++j) v[q + j] = pack.v[j];
     }
+}
+
+// out(m, n, sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n)) for each output of a
+// BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. LEFT_KC
+// (RIGHT_KC): k runs along the operand's memory, so a copy's consecutive elements step along k,
+// else along m (n): either way consecutive threads load consecutive addresses. Two shared stages:
+// the next k-step's operands are loaded into registers while this one's FMAs run, then stored
+// into the other stage, one __syncthreads a k-step.
+template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
+          typename Out>
+__device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Out out, float* smem) {
+    typedef TileMap<BMT, BNT, THREADS> Map;
+    typedef ProductSmem<BMT, BNT, BK> S;
+    constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN;
+    // element e of a copy: (row of the tile, its k)
+    auto left_at = [](int e) { return LEFT_KC ? int2{e / BK, e % BK} : int2{e % BMT, e / BMT}; };
+    auto right_at = [](int e) { return RIGHT_KC ? int2{e / BK, e % BK} : int2{e % BNP, e / BNP}; };
+    Staged<BMT * BK, THREADS> left_k;
+    Staged<BK * BNP, THREADS> right_k;
+    auto fetch = [&](int k0) {
+        left_k.load([&](int e) {
+            const int2 at = left_at(e);
+            return k0 + at.y < k_hi ? left(at.x, k0 + at.y) : 0.f;
+        });
+        right_k.load([&](int e) {
+            const int2 at = right_at(e);
+            return k0 + at.y < k_hi ? right(k0 + at.y, at.x) : 0.f;
+        });
+    };
+    auto put = [&](float* stage) {
+        left_k.store([&](int e, float v) {
+            const int2 at = left_at(e);
+            stage[at.y * S::LDA + at.x] = v;
+        });
+        right_k.store([&](int e, float v) {
+            const int2 at = right_at(e);
+            stage[BK * S::LDA + at.y * S::LDB + at.x] = v;
+        });
+    };
+    float acc[TM][TN] = {};
+    __syncthreads();  // the last tile's (or phase's) reads of shared memory are done
+    if (k_lo < k_hi) {
+        fetch(k_lo);
+        put(smem);
+    }
+    __syncthreads();
+    for (int k0 = k_lo, stage = 0; k0 < k_hi; k0 += BK, stage ^= 1) {
+        const bool more = k0 + BK < k_hi;
+        if (more) fetch(k0 + BK);  // in flight during this k-step's FMAs
+        const float* as = smem + stage * S::STAGE + Map::row(0);
+        const float* bs = smem + stage * S::STAGE + BK * S::LDA + Map::col(0);
+#pragma unroll 8
+        for (int k = 0; k < BK; ++k) {
+            float a[TM], b[TN];
+            read_shared<TM>(as + k * S::LDA, a);
+            read_shared<TN>(bs + k * S::LDB, b);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        // The other stage was last read in the k-step before, which every thread finished before
+        // the barrier that ended it.
+        if (more) put(smem + (stage ^ 1) * S::STAGE);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j)
+            if (BNT == BNP || Map::col(j) < BNT) out(Map::row(i), Map::col(j), acc[i][j]);
 }
 
 // out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
@@ -165,26 +237,23 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
 template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT>
 __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
                                         EltT<DT>* out, float* part, float* smem) {
-    constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N;
-    constexpr int K_STEPS = cdiv_c(K, BK);
+    constexpr int TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N, K_STEPS = cdiv_c(K, BK);
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-        float acc[OUTS];
-        product<BM, BN, BK, THREADS>(
+        product<BM, BN, BK, THREADS, true, false>(
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
             [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
-            acc, smem);
-#pragma unroll
-        for (int i = 0; i < OUTS; ++i) {
-            const int idx = i * THREADS + threadIdx.x, m = m0 + idx / BN, n = n0 + idx % BN;
-            if (idx < BM * BN && m < M && n < N) {
-                if constexpr (SPLIT == 1)
-                    out[m * N + n] = Elt<DT>::store(relu_f(acc[i] + ldcg1(b + n)));
-                else
-                    part[(i64)s * M * N + m * N + n] = acc[i];
-            }
-        }
+            [&](int m, int n, float v) {
+                m += m0, n += n0;
+                if (m < M && n < N) {
+                    if constexpr (SPLIT == 1)
+                        out[m * N + n] = Elt<DT>::store(relu_f(v + ldcg1(b + n)));
+                    else
+                        part[(i64)s * M * N + m * N + n] = v;
+                }
+            },
+            smem);
     }
 }
 
@@ -209,28 +278,24 @@ template <int DT, int M, int K, int N, int BL, int BN, int BK, int THREADS>
 __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
                                      const i64* y, EltT<DT>* d, EltT<DT>* dx, float* slots, float inv_m,
                                      float* smem) {
-    constexpr int OUTS = cdiv_c(BL * N, THREADS), CHUNKS = cdiv_c(K, BN);
-    float* wt = smem;  // BN rows of w, once the product's tiles are done with
-    float* logits = smem + max_c(BL * (BK + 1) + BK * N, BN * N);
+    constexpr int CHUNKS = cdiv_c(K, BN);
+    float* wt = smem;  // BN rows of w, once the product's stages are done with
+    float* logits = smem + max_c(ProductSmem<BL, N, BK>::FLOATS, BN * N);
     float* dl = logits + BL * N;  // d as stored, the dx product's left operand
     float* row_loss = dl + BL * N;
     const int tid = threadIdx.x;
     for (int t = blockIdx.x; t < cdiv_c(M, BL) * CHUNKS; t += gridDim.x) {
         const int block = t / CHUNKS, m0 = block * BL, k0 = (t % CHUNKS) * BN;
         const bool first = t % CHUNKS == 0;
-        Staged<BN * N, THREADS> w_rows;  // loaded now, stored once the product is done with its tiles
+        Staged<BN * N, THREADS> w_rows;  // loaded now, stored once the product is done with its stages
         w_rows.load(
             [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
-        float acc[OUTS];
-        product<BL, N, BK, THREADS>(
+        product<BL, N, BK, THREADS, true, false>(
             0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
-            [&](int k, int n) { return k < K ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; }, acc, smem);
-#pragma unroll
-        for (int i = 0; i < OUTS; ++i) {
-            const int idx = i * THREADS + tid;
-            if (idx < BL * N) logits[idx] = Elt<DT>::load(Elt<DT>::store(acc[i] + ldcg1(b + idx % N)));
-        }
-        __syncthreads();  // the logits are whole, and the product's reads of its tiles done
+            [&](int k, int n) { return k < K && n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; },
+            [&](int m, int n, float v) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + ldcg1(b + n))); },
+            smem);
+        __syncthreads();  // the logits are whole
         w_rows.store([&](int e, float v) { wt[e] = v; });
         for (int r = tid; r < BL; r += THREADS) {
             const int m = m0 + r;
@@ -274,21 +339,19 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
 template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS>
 __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, const EltT<DT>* a, EltT<DT>* dx, int t,
                                            float* smem) {
-    constexpr int OUTS = cdiv_c(BM * BN, THREADS), TILES_K = cdiv_c(K, BN);
+    constexpr int TILES_K = cdiv_c(K, BN);
     const int m0 = (t / TILES_K) * BM, k0 = (t % TILES_K) * BN;
-    float acc[OUTS];
-    product<BM, BN, BK, THREADS>(
+    product<BM, BN, BK, THREADS, true, true>(
         0, N, [&](int m, int n) { return m0 + m < M && n < N ? load_cg<DT>(d + (i64)(m0 + m) * N + n) : 0.f; },
         [&](int n, int k) { return n < N && k0 + k < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n)) : 0.f; },
-        acc, smem);
-#pragma unroll
-    for (int i = 0; i < OUTS; ++i) {
-        const int idx = i * THREADS + threadIdx.x, m = m0 + idx / BN, k = k0 + idx % BN;
-        if (idx < BM * BN && m < M && k < K) {
-            const i64 at = (i64)m * K + k;
-            dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? acc[i] : 0.f);
-        }
-    }
+        [&](int m, int k, float v) {
+            m += m0, k += k0;
+            if (m < M && k < K) {
+                const i64 at = (i64)m * K + k;
+                dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? v : 0.f);
+            }
+        },
+        smem);
 }
 
 // Tile t (BR x BC) of a layer's weights w (K x N) takes its SGD step (fused.cuh's sgd_step, the
@@ -300,22 +363,22 @@ template <int DT, int M, int K, int N, int BR, int BC, int BK, int THREADS, bool
 __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const EltT<DT>* d, float* w, float* b,
                                        float* w_buf, float* b_buf, int t, float lr, float momentum,
                                        float weight_decay, float* smem) {
-    constexpr int OUTS = cdiv_c(BR * BC, THREADS), TILES_C = cdiv_c(N, BC);
+    constexpr int TILES_C = cdiv_c(N, BC);
     const int block = t / TILES_C, r0 = block * BR, c0 = (t % TILES_C) * BC;
     const float wd = HAS_WEIGHT_DECAY ? weight_decay : 0.f;  // a constant 0 compiles sgd_step's term away
-    float acc[OUTS];
-    product<BR, BC, BK, THREADS>(
+    product<BR, BC, BK, THREADS, false, false>(
         0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
-        [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; }, acc, smem);
-#pragma unroll
-    for (int i = 0; i < OUTS; ++i) {
-        const int idx = i * THREADS + threadIdx.x, r = r0 + idx / BC, c = c0 + idx % BC;
-        if (idx < BR * BC && r < K && c < N) {
-            const float g[1] = {acc[i]};
-            const i64 at = (i64)r * N + c;
-            sgd_step<DT, 1>(w + at, {HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}, g, 1, false);
-        }
-    }
+        [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },
+        [&](int r, int c, float v) {
+            r += r0, c += c0;
+            if (r < K && c < N) {
+                const float g[1] = {v};
+                const i64 at = (i64)r * N + c;
+                sgd_step<DT, 1>(w + at, {HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}, g, 1,
+                                false);
+            }
+        },
+        smem);
     if (block == 0) {
         for (int c = c0 + threadIdx.x; c < c0 + BC && c < N; c += THREADS) {
             float g[1] = {0.f};

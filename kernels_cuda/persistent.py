@@ -23,10 +23,12 @@ from . import _runtime as rt
 def smem_bytes(cfg: dict, layout: Layout) -> int:
     """Dynamic shared memory of a block: persistent.cu's PersistentSmem<...>::FLOATS, in bytes."""
     bk, out = cfg["BK"], layout.classes
-    forward = cfg["BM"] * (bk + 1) + bk * cfg["BN"]
-    update = cfg["BR"] * (bk + 1) + bk * cfg["BC"]
-    loss = max(cfg["BL"] * (bk + 1) + bk * out, cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
-    return 4 * (2 * layout.batch + max(forward, update, loss))
+
+    def product(rows: int, cols: int) -> int:  # ProductSmem: two stages of k-major tiles, rows padded by 4
+        return 2 * bk * (rows + 4 + (1 << (cols - 1).bit_length()) + 4)
+
+    loss = max(product(cfg["BL"], out), cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
+    return 4 * (4 * cdiv(2 * layout.batch, 4) + max(product(cfg["BM"], cfg["BN"]), product(cfg["BR"], cfg["BC"]), loss))
 
 
 def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
