@@ -99,8 +99,7 @@ def measure(backend: str, protocol: str, hidden: int, name: str, config: dict, r
                kernel_config=str({**DEFAULT, **config}), programs=mlp.plan.programs, steps=steps,
                us_per_step=statistics.median(times), us_p20=q[0], us_p80=q[3], loss_diff=diff, **provenance())
     if phases is not None:
-        split = mlp.plan.config["SPLIT_K"]
-        barriers = barriers_per_step(cfg.layers, split)
+        barriers = barriers_per_step(cfg.layers)
         stamps = torch.zeros(1 + steps * barriers, dtype=torch.int64, device=built.batches.x.device)
         timed = PersistentMLP(initial_mlp(hidden, cfg.layers, cfg.seed), cfg, built.batches, built.stepper.losses,
                               kernel_config=config, stamps=stamps)  # from the same initial weights
@@ -108,7 +107,7 @@ def measure(backend: str, protocol: str, hidden: int, name: str, config: dict, r
         timed.run(steps)
         torch.cuda.synchronize()
         us = (stamps[1:] - stamps[:-1]).view(steps, barriers).double().cpu() / 1e3
-        for i, what in enumerate(phase_names(cfg.layers, split)):
+        for i, what in enumerate(phase_names(cfg.layers)):
             q = us[:, i].quantile(torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)).tolist()
             phases.append(dict(backend=backend, protocol=protocol, hidden=hidden, config=name, phase=i, what=what,
                                us_median=q[1], us_p20=q[0], us_p80=q[2], **provenance()))

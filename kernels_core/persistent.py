@@ -95,7 +95,7 @@ DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0
 # each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of whole k-steps, as even as they go), one
 # program a multiprocessor (fewer programs measured slower: 45.9 µs at 64 against 43.0 at 132,
 # H100, h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin
-# (33 KB at the largest tiles: kernels_cuda/persistent.py's smem_bytes).
+# (69 KB at the largest tiles and a batch of 128: kernels_cuda/persistent.py's smem_bytes).
 SPACE = Space(
     params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BC=(16, 32, 64), BL=(16, 32),
                 num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
@@ -123,6 +123,13 @@ def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
     if cfg["SPLIT_K"] < 1:
         raise ValueError(f"config: SPLIT_K={cfg['SPLIT_K']}, the first layer's slices: at least 1")
     return cfg
+
+
+def slice_counts(layout: Layout, cfg: dict) -> int:
+    """Counters the first layer's split forward needs, one a BM x BN tile of its output: its
+    slices arrive there, and the last to arrive sums them (each twin's kernel). Zeroed once; every
+    launch leaves them at zero."""
+    return -(-layout.batch // cfg["BM"]) * -(-layout.hidden // cfg["BN"])
 
 
 def check_inputs(x: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
@@ -169,11 +176,12 @@ def step_outputs(losses: torch.Tensor, pos: torch.Tensor, first: int, steps: int
     return [losses.index_select(0, slots), (pos.double() - first).view(1)] + [t for views in moved for t in views]
 
 
-def barriers_per_step(layers: int, split_k: int) -> int:
-    """Grid barriers of one step, one after each phase: each layer's forward (and with split_k > 1
-    the first layer's sum of its slices), the loss with the last layer's input gradient, each
-    hidden layer's input gradient beside the next layer's update, the first two layers' updates."""
-    return 2 * layers + 1 + (split_k > 1)
+def barriers_per_step(layers: int) -> int:
+    """Grid barriers of one step, one after each phase: each layer's forward (the first layer's
+    split slices summed by each tile's last slice to arrive, with no phase of their own), the loss
+    with the last layer's input gradient, each hidden layer's input gradient beside the next
+    layer's update, the first two layers' updates."""
+    return 2 * layers + 1
 
 
 def check_barrier_count(steps: int, barriers: int, programs: int) -> None:
@@ -195,19 +203,18 @@ def check_stamps(stamps: torch.Tensor, steps: int, barriers: int) -> None:
                          f"{steps} steps: the launch's start and one a barrier")
 
 
-def check_segment(layers: int, split_k: int, steps: int, programs: int, stamps: torch.Tensor | None) -> None:
+def check_segment(layers: int, steps: int, programs: int, stamps: torch.Tensor | None) -> None:
     """A twin's launch of `steps` steps, refused in one line where its barrier counter would wrap
     or its clock buffer (if any) would overrun."""
-    barriers = barriers_per_step(layers, split_k)
+    barriers = barriers_per_step(layers)
     check_barrier_count(steps, barriers, programs)
     if stamps is not None:
         check_stamps(stamps, steps, barriers)
 
 
-def phase_names(layers: int, split_k: int) -> list[str]:
+def phase_names(layers: int) -> list[str]:
     """What each phase of a step does, in order (barriers_per_step's phases)."""
-    names = ["forward 0 slices", "forward 0 sum"] if split_k > 1 else ["forward 0"]
-    names += [f"forward {l}" for l in range(1, layers)] + [f"loss, input grad {layers}"]
+    names = [f"forward {l}" for l in range(layers)] + [f"loss, input grad {layers}"]
     names += [f"input grad {l}, update {l + 1}" for l in range(layers - 1, 0, -1)] + ["update 1, update 0"]
     return names
 

@@ -6,12 +6,11 @@
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/persistent.cu
 //
 // One block a multiprocessor (or PROGRAMS) walks each step's phases, a grid barrier
-// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step, one more with SPLIT_K > 1
-// (kernels_core.persistent.barriers_per_step). Each phase is a list of tiles handed out over the
+// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step (kernels_core.persistent.barriers_per_step). Each phase is a list of tiles handed out over the
 // grid, tile t to block t mod blocks, so a phase takes about one tile's chain of k-steps:
 //   forward  l = 0 .. LAYERS-1: A_{l+1} = relu(A_l @ W_l + b_l) (A_0 = x[batches[s]]) in BM x BN
 //            tiles; the first layer's K may split into SPLIT_K slices summed into fp32 partials,
-//            which a phase more adds up in order (split_sum).
+//            which each tile's last slice to arrive adds up in order (forward).
 //   loss     tiles of BL rows x BN columns of D_{L-1}: the rows' logits = A_L @ W_L + b_L and
 //            D_L = (softmax - onehot(y)) / M (into grads' last M x OUT, the row block's summed
 //            loss into slots[row block], by the row block's first tile); and at once D_{L-1} =
@@ -45,6 +44,7 @@
 #include "fused.cuh"
 #include "grid_barrier.cuh"
 #include "ptx.cuh"
+#include "splitk.cuh"
 
 __host__ __device__ constexpr int cdiv_c(int a, int b) { return (a + b - 1) / b; }
 
@@ -233,10 +233,12 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
 // out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
 // tile-slice t sums its slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S = cdiv(K, BK)
 // (as even as whole k-steps go, none empty), into the fp32 partial s of part (SPLIT x M x N), and
-// split_sum finishes the layer after a barrier.
+// arrives at its tile's count (splitk.cuh's splitk_arrive_last: release, and acquire for the
+// last); the last slice to arrive adds the partials up in slice order, whichever it is, so the
+// bits never depend on the order of arrival, finishes the tile and sets its count back to 0.
 template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT>
 __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
-                                        EltT<DT>* out, float* part, float* smem) {
+                                        EltT<DT>* out, float* part, int* counts, float* smem) {
     constexpr int TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N, K_STEPS = cdiv_c(K, BK);
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
@@ -254,17 +256,19 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
                 }
             },
             smem);
-    }
-}
-
-// out = relu(the SPLIT partials summed in order + b): the first layer's split product, finished.
-template <int DT, int M, int N, int THREADS, int SPLIT>
-__device__ __forceinline__ void split_sum(const float* part, const float* b, EltT<DT>* out) {
-    for (int e = blockIdx.x * THREADS + threadIdx.x; e < M * N; e += gridDim.x * THREADS) {
-        float v = 0.f;
+        if constexpr (SPLIT > 1) {
+            if (splitk_arrive_last(counts + tile, SPLIT)) {
+                for (int e = threadIdx.x; e < BM * BN; e += THREADS) {
+                    const int m = m0 + e / BN, n = n0 + e % BN;
+                    if (m < M && n < N) {
+                        float v = 0.f;
 #pragma unroll
-        for (int s = 0; s < SPLIT; ++s) v += ldcg1(part + (i64)s * M * N + e);
-        out[e] = Elt<DT>::store(relu_f(v + ldcg1(b + e % N)));
+                        for (int q = 0; q < SPLIT; ++q) v += ldcg1(part + (i64)q * M * N + m * N + n);
+                        out[m * N + n] = Elt<DT>::store(relu_f(v + ldcg1(b + n)));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -401,13 +405,15 @@ __device__ __forceinline__ void end_phase(u32* counter, u32 arrivals, i64* stamp
 // `steps` steps from the epoch's slot *pos on (wrapping at epoch_steps), then *pos += steps. x is
 // (images, IN) in T; y the images' int64 labels; batches (epoch_steps, M) int64 rows of x; params
 // and bufs flat fp32 (W_0, b_0, W_1, b_1, ...; bufs untouched without momentum); acts LAYERS x M x H
-// and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 (SPLIT_K > 1); slots
-// cdiv(M, BL) fp32; counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
+// and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 and counts, one a BM x BN
+// tile of the first layer's output, zeroed by the host once (SPLIT_K > 1); slots cdiv(M, BL) fp32;
+// counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
 template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BC, int BL,
           int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
-            EltT<DT>* grads, float* part, float* slots, float* losses, u32* counter, i64* pos, i64* stamps, int steps,
+            EltT<DT>* grads, float* part, int* counts, float* slots, float* losses, u32* counter, i64* pos, i64* stamps,
+            int steps,
             int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float shared[];
     i64* const rows = reinterpret_cast<i64*>(shared);  // the step's batch rows (PersistentSmem)
@@ -427,16 +433,13 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
         for (int i = threadIdx.x; i < M; i += THREADS) rows[i] = batches[s * M + i];
         __syncthreads();
         forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K>(x, rows, params, params + IN * H, acts, part,
-                                                                  smem);
-        if constexpr (SPLIT_K > 1) {
-            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
-            split_sum<DT, M, H, THREADS, SPLIT_K>(part, params + IN * H, acts);
-        }
+                                                                  counts, smem);
         end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         for (int l = 1; l < LAYERS; ++l) {
             const int at = W1 + (l - 1) * HIDDEN;
             forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1>(acts + (l - 1) * MH, rows, params + at,
-                                                                params + at + H * H, acts + l * MH, part, smem);
+                                                                params + at + H * H, acts + l * MH, part, counts,
+                                                                smem);
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
         loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,

@@ -15,7 +15,7 @@ import torch
 
 from kernels_core.contract import cdiv
 from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
-                                     resolve_config)
+                                     resolve_config, slice_counts)
 
 from . import _runtime as rt
 
@@ -53,12 +53,13 @@ class Plan:
     head: tuple  # the kernel's arguments before `steps`
     tail: tuple  # and after
     counter: torch.Tensor
+    tile_counts: torch.Tensor  # the first layer's split slices' (slice_counts), zero between launches
     tag: tuple
     tensors: tuple  # what the pointers point to, alive as long as the plan
     stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        check_segment(self.layout.layers, self.config["SPLIT_K"], steps, self.programs, self.stamps)
+        check_segment(self.layout.layers, steps, self.programs, self.stamps)
         self.counter.zero_()
         rt.launch(self.variant, self.device, (self.programs, 1, 1), (32 * self.config["num_warps"], 1, 1),
                   self.head + (rt.i32(steps),) + self.tail, self.smem, for_=self.tag)
@@ -101,9 +102,10 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     grads = torch.empty(layout.gradient_elems, dtype=x.dtype, device=x.device)
     part = torch.empty(cfg["SPLIT_K"] * m * layout.hidden if cfg["SPLIT_K"] > 1 else 1, dtype=torch.float32,
                        device=x.device)
+    tile_counts = torch.zeros(slice_counts(layout, cfg), dtype=torch.int32, device=x.device)
     slots = torch.empty(cdiv(m, cfg["BL"]), dtype=torch.float32, device=x.device)
-    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, slots, losses, counter, pos,
-               counter if stamps is None else stamps)
+    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, tile_counts, slots, losses,
+               counter, pos, counter if stamps is None else stamps)
     tail = (rt.i32(batches.shape[0]), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay), rt.f32(1.0 / m))
     return Plan(layout, cfg, programs, kernel, dev, smem, tuple(rt.ptr(t) for t in tensors), tail, counter,
-                rt.tag("persistent", dtype, cfg), tensors, stamps)
+                tile_counts, rt.tag("persistent", dtype, cfg), tensors, stamps)

@@ -12,9 +12,9 @@ W_L, L = layers; A_0 = x[rows], A_{l+1} = relu(A_l @ W_l + b_l), D_l the gradien
 output):
 
     forward     A_{l+1} in BM x BN tiles, l = 0 .. L-1. The first layer's K = 784 may split into
-                SPLIT_K slices of whole k-steps, each tile-slice summing into an fp32 partial, and a
-                phase more sums the partials in order and adds b_0 (a chain of about 784 / SPLIT_K
-                k's a tile).
+                SPLIT_K slices of whole k-steps, each tile-slice summing into an fp32 partial (a
+                chain of about 784 / SPLIT_K k's a tile); the last slice of a tile to arrive at its
+                count sums the partials in order and adds b_0, so the split costs no phase.
     loss        BL rows x BN columns of D_{L-1} a tile: the rows' D_L = (softmax(A_L @ W_L + b_L) -
                 onehot) / B (each row block's summed loss in a slot), and at once D_{L-1} = (D_L @
                 W_L^T) * (A_L > 0): D_L is a short product (its N is the classes) that each tile of
@@ -26,8 +26,8 @@ output):
                 updates. A weight is updated one phase after the phase that reads it for an input
                 gradient, so no tile reads a weight another tile of its phase writes.
 
-2L + 1 barriers a step, one more with SPLIT_K > 1 (kernels_core.persistent.barriers_per_step: 5
-for the default protocol's 784-H-H-10). After the loss's barrier program 0 sums the loss slots, in
+2L + 1 barriers a step (kernels_core.persistent.barriers_per_step: 5 for the default protocol's
+784-H-H-10). After the loss's barrier program 0 sums the loss slots, in
 slot order (the same bits on every run), into the step's entry of `losses`. The batch's rows come
 from `batches[step]` (the trainer's epoch permutation as rows of B), the labels from y[rows]; the
 dataset is read in place.
@@ -59,7 +59,7 @@ from triton.language.extra.cuda import globaltimer
 
 from kernels_core import compile_only
 from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
-                                     resolve_config)
+                                     resolve_config, slice_counts)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -129,13 +129,15 @@ def _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, k_lo, k_hi, N: tl.const
 
 
 @triton.jit
-def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
+def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counts_ptr, M, pid, programs,
              N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N), in BM x BN
     tiles. SPLIT > 1: tile t's slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S =
     cdiv(K, BK) (as even as whole k-steps go, none empty), sums into the fp32 partial s of part
-    (SPLIT x M x N), and _split_sum finishes the layer into out after a barrier."""
+    (SPLIT x M x N) and arrives at its tile's count (release; acquire for the last). The last
+    slice to arrive adds the partials up in slice order, whichever it is, so the bits never
+    depend on the order of arrival, finishes the tile into out and sets its count back to 0."""
     tiles_n = tl.cdiv(N, BN)
     tiles = tl.cdiv(M, BM) * tiles_n
     for t in range(pid, tiles * SPLIT, programs):
@@ -149,28 +151,27 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, M, pid, programs,
         acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, (s * k_steps // SPLIT) * BK,
                             ((s + 1) * k_steps // SPLIT) * BK, N, K, GATHER, BM, BN, BK)
         at = offs_m[:, None] * N + offs_n[None, :]
-        if SPLIT == 1:
-            acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
-            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+        mask = in_m[:, None] & in_n[None, :]
+        if SPLIT > 1:
+            tl.store(part_ptr + s * M * N + at, acc, mask=mask)
+            tl.debug_barrier()  # every thread's partial stored before the arrival releases them
+            arrived = tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            if arrived == SPLIT - 1:
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+                for q in tl.static_range(SPLIT):
+                    acc += tl.load(part_ptr + q * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
+                _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask)
+                tl.store(counts_ptr + tile, 0)
         else:
-            tl.store(part_ptr + s * M * N + at, acc, mask=in_m[:, None] & in_n[None, :])
+            _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask)
 
 
 @triton.jit
-def _split_sum(part_ptr, b_ptr, out_ptr, M, pid, programs, N: tl.constexpr, SPLIT: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr):
-    """out = relu(the SPLIT fp32 partials, summed in order, + b): the first layer's split product."""
-    tiles_n = tl.cdiv(N, BN)
-    for t in range(pid, tl.cdiv(M, BM) * tiles_n, programs):
-        offs_m = (t // tiles_n) * BM + tl.arange(0, BM)
-        offs_n = (t % tiles_n) * BN + tl.arange(0, BN)
-        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        at = offs_m[:, None] * N + offs_n[None, :]
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            acc += tl.load(part_ptr + s * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
-        acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0, cache_modifier=".cg")[None, :], 0.0)
-        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+def _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask):
+    """out[at] = relu(acc + b), stored in out's dtype."""
+    acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -273,7 +274,8 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
 
 @triton.jit(do_not_specialize=["steps", "epoch_steps"])  # one compile for every segment
 def _train_kernel(
-    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, slots_ptr, losses_ptr, counter_ptr,
+    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, counts_ptr, slots_ptr, losses_ptr,
+    counter_ptr,
     pos_ptr, stamps_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
@@ -295,18 +297,14 @@ def _train_kernel(
     for step in range(steps):
         s = (first + step) % epoch_steps
         rows = batches_ptr + s * M
-        _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, part_ptr, M, pid, programs, H, IN, True, SPLIT_K,
-                 BM, BN, BK)
-        if SPLIT_K > 1:
-            arrivals += programs
-            _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
-            _split_sum(part_ptr, p_ptr + IN * H, acts_ptr, M, pid, programs, H, SPLIT_K, BM, BN)
+        _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, part_ptr, counts_ptr, M, pid, programs, H, IN, True,
+                 SPLIT_K, BM, BN, BK)
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         for l in tl.static_range(1, LAYERS):
             w = W1 + (l - 1) * (H * H + H)
-            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr, M,
-                     pid, programs, H, H, False, 1, BM, BN, BK)
+            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr,
+                     counts_ptr, M, pid, programs, H, H, False, 1, BM, BN, BK)
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         w_last = W1 + (LAYERS - 1) * (H * H + H)
@@ -361,10 +359,11 @@ class Plan:
     programs: int
     args: dict
     counter: torch.Tensor
+    tile_counts: torch.Tensor  # the first layer's split slices' (slice_counts), zero between launches
     stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
-        check_segment(self.layout.layers, self.config["SPLIT_K"], steps, self.programs, self.stamps)
+        check_segment(self.layout.layers, steps, self.programs, self.stamps)
         self.counter.zero_()
         if compile_only.active():  # plan compiled the kernel already
             return
@@ -390,18 +389,20 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     programs = _programs(cfg, layout, device)
     m, h = layout.batch, layout.hidden
     counter = torch.zeros(1, dtype=torch.int32, device=device)
+    tile_counts = torch.zeros(slice_counts(layout, cfg), dtype=torch.int32, device=device)
     split = cfg["SPLIT_K"]
     args = dict(
         x_ptr=x, y_ptr=y, batches_ptr=batches, p_ptr=params, buf_ptr=bufs if momentum else params,
         acts_ptr=torch.empty(layout.activation_elems, dtype=x.dtype, device=device),
         grads_ptr=torch.empty(layout.gradient_elems, dtype=x.dtype, device=device),
         part_ptr=torch.empty(split * m * h if split > 1 else 1, dtype=torch.float32, device=device),
+        counts_ptr=tile_counts,
         slots_ptr=torch.empty(triton.cdiv(m, cfg["BL"]), dtype=torch.float32, device=device),
         losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, stamps_ptr=counter if stamps is None else stamps,
         epoch_steps=batches.shape[0], lr=lr, momentum=momentum, weight_decay=weight_decay, inv_m=1.0 / m,
         **constants(layout, cfg, bool(momentum), bool(weight_decay), stamps is not None),
     )
-    p = Plan(layout, cfg, programs, args, counter, stamps)
+    p = Plan(layout, cfg, programs, args, counter, tile_counts, stamps)
     if device.type == "cuda":
         compiled = _train_kernel.warmup(**args, steps=0, grid=(programs,), num_warps=cfg["num_warps"])
         compiled._init_handles()

@@ -100,13 +100,14 @@ def test_steps_in_two_launches_track_float64_training(dtype, layout, sgd, config
     plan = persistent.plan(x, y, batches, pos, params, bufs if sgd["momentum"] else None, losses, layout, **sgd,
                            config=config)
     plan.run(2)
+    assert not plan.tile_counts.any(), plan.tile_counts  # each tile's last slice set its count back
     plan.run(steps - 2)  # a second segment goes on from the first's weights, momentum and position
-    assert pos.item() == steps
+    assert pos.item() == steps and not plan.tile_counts.any()
     check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd)
 
 
 def test_a_launch_whose_barriers_would_wrap_the_counter_is_refused():
-    assert barriers_per_step(2, 1) == 5 and barriers_per_step(3, 4) == 8
+    assert barriers_per_step(2) == 5 and barriers_per_step(3) == 7
     check_barrier_count(2**31 // (5 * 132) - 1, 5, 132)
     with pytest.raises(ValueError, match=r"past the counter's 2\*\*31\); launch fewer steps"):
         check_barrier_count(2**31 // (5 * 132) + 1, 5, 132)
@@ -170,13 +171,13 @@ from triton.compiler import ASTSource
 from kernels_core.persistent import DEFAULT, Layout
 from kernels_triton.persistent import _train_kernel, constants
 from kernels_triton.reports import _ptxas_usage
-arch, dt, stamps = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "stamps"
+arch, dt, stamps, split = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "stamps", int(sys.argv[4])
 ptr = "*" + dt
 signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp32", "buf_ptr": "*fp32",
-             "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "slots_ptr": "*fp32", "losses_ptr": "*fp32",
+             "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "counts_ptr": "*i32", "slots_ptr": "*fp32", "losses_ptr": "*fp32",
              "counter_ptr": "*i32", "pos_ptr": "*i64", "stamps_ptr": "*i64", "steps": "i32", "epoch_steps": "i32",
              "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
-constexprs = constants(Layout(hidden=128, layers=2, batch=128), DEFAULT, True, False, stamps)
+constexprs = constants(Layout(hidden=128, layers=2, batch=128), {**DEFAULT, "SPLIT_K": split}, True, False, stamps)
 for name in constexprs:
     signature[name] = "constexpr"
 k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
@@ -186,19 +187,29 @@ print(json.dumps(dict(ptx=k.asm["ptx"], cubin=k.asm["cubin"].hex(), regs=regs, s
 """
 
 
-def _compile(arch: int, dtype: str, stamps: bool) -> dict:
+def _compile(arch: int, dtype: str, stamps: bool, split: int = 1) -> dict:
     import json
 
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # kernels_triton would turn it on without a GPU
-    return json.loads(subprocess.run([sys.executable, "-c", _COMPILE, str(arch), dtype, "stamps" if stamps else "-"],
-                                     check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout)
+    return json.loads(subprocess.run([sys.executable, "-c", _COMPILE, str(arch), dtype, "stamps" if stamps else "-",
+                                      str(split)], check=True, capture_output=True, text=True, env=env,
+                                     cwd=ROOT).stdout)
+
+
+def _sass(tmp_path, out: dict) -> list[str]:
+    from tests.test_persistent_cuda import _ops
+    from tests.test_wgmma import _cuobjdump
+
+    cubin = tmp_path / "persistent.cubin"
+    cubin.write_bytes(bytes.fromhex(out["cubin"]))
+    return _ops(subprocess.run([_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout)
 
 
 def test_the_phase_clock_is_read_only_when_asked_for():
     """With stamps the kernel reads the GPU's clock at its start and after each barrier (program 0
     alone, under a branch); without, never."""
     with_clock, without = _compile(90, "fp32", stamps=True)["ptx"], _compile(90, "fp32", stamps=False)["ptx"]
-    assert with_clock.count("%globaltimer") == 1 + barriers_per_step(2, DEFAULT["SPLIT_K"])
+    assert with_clock.count("%globaltimer") == 1 + barriers_per_step(2)
     assert "%globaltimer" not in without
 
 
@@ -235,26 +246,47 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     # What makes another program's writes visible: the pipeliner turns the dots' `.cg` loads into
     # cp.async copies through L1, so each barrier's acquire poll must invalidate L1 (CCTL.IVALL),
     # as a relaxed poll would not; one barrier a phase.
-    from tests.test_persistent_cuda import _ops
     from tests.test_wgmma import _cuobjdump
 
     if _cuobjdump() is None:
         return
-    cubin = tmp_path / "persistent.cubin"
-    cubin.write_bytes(bytes.fromhex(out["cubin"]))
-    sass = _ops(subprocess.run([_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout)
+    sass = _sass(tmp_path, out)
     arrivals = [i for i, op in enumerate(sass) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
-    assert len(arrivals) == barriers_per_step(2, DEFAULT["SPLIT_K"]), len(arrivals)
+    assert len(arrivals) == barriers_per_step(2), len(arrivals)
     for at, after in zip(arrivals, arrivals[1:] + [len(sass)]):
         poll = next(i for i in range(at, after) if sass[i] == "LDG.E.STRONG.GPU")
         assert "CCTL.IVALL" in sass[poll:after], at
 
 
+def test_a_split_first_layer_is_summed_by_each_tiles_last_slice_without_a_phase(tmp_path):
+    """SPLIT_K = 4 on sm_90: each tile-slice arrives at its tile's count with one GPU-scope atomic
+    that releases its partial and acquires the others' (acq_rel), whose acquire invalidates L1
+    (CCTL.IVALL) before the last slice reads the partials; the step keeps its 2L + 1 barriers."""
+    from tests.test_wgmma import _cuobjdump
+
+    out = _compile(90, "fp32", stamps=False, split=4)
+    assert re.search(r"\batom\.global\.gpu\.acq_rel\.add|\batom\.acq_rel\.gpu\.global\.add", out["ptx"]), \
+        sorted(set(re.findall(r"\batom\.[\w.]+", out["ptx"])))
+    if _cuobjdump() is None:
+        return
+    sass = _sass(tmp_path, out)
+    counts = [i for i, op in enumerate(sass) if re.fullmatch(r"ATOMG\.E\.ADD\.STRONG\.GPU", op)]
+    arrivals = [i for i, op in enumerate(sass) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
+    assert len(counts) == 1 and len(arrivals) == barriers_per_step(2), (counts, arrivals)
+    assert "CCTL.IVALL" in sass[counts[0]:arrivals[0]], sass[counts[0]:arrivals[0]]
+
+
+# The full grid's configs: the default (the first layer whole); tiles of 16 with the first layer in
+# 4 slices, 256 tile-slices on 132 programs, so a tile's slices race to be its last.
+FULL_GRID_CONFIGS = [{}, dict(BM=16, BN=16, BK=16, SPLIT_K=4, num_warps=4)]
+
+
 @pytest.mark.gpu
-def test_the_full_grid_tracks_float64_and_repeats_its_bits():
+@pytest.mark.parametrize("config", FULL_GRID_CONFIGS)
+def test_the_full_grid_tracks_float64_and_repeats_its_bits(config):
     """The default protocol's shape (784-128-128-10, batch 128, fp32, momentum) on MNIST-sized
-    random data, one program a multiprocessor: a few steps against float64, and two runs from the
-    same start agree to the bit."""
+    random data, one program a multiprocessor: a few steps against float64, two runs from the
+    same start agree to the bit, and every tile's count is back at zero."""
     layout, steps, sgd = Layout(hidden=128, layers=2, batch=128), 6, dict(lr=0.05, momentum=0.9, weight_decay=0.0)
     x = torch.randn(2048, layout.inputs, device="cuda")
     y = torch.randint(0, 10, (2048,), device="cuda")
@@ -264,7 +296,9 @@ def test_the_full_grid_tracks_float64_and_repeats_its_bits():
     for _ in range(2):
         params, bufs, losses = p0.clone(), torch.zeros_like(p0), torch.zeros(steps, device="cuda")
         pos = torch.zeros((), dtype=torch.int64, device="cuda")
-        persistent.plan(x, y, batches, pos, params, bufs, losses, layout, **sgd).run(steps)
+        plan = persistent.plan(x, y, batches, pos, params, bufs, losses, layout, **sgd, config=config)
+        plan.run(steps)
+        assert not plan.tile_counts.any(), plan.tile_counts
         runs.append((params, losses))
     check_against_float64(x, y, batches, p0, *runs[0], layout, "fp32", steps, **sgd)
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])

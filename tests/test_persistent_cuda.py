@@ -17,7 +17,7 @@ from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_in
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
-from tests.test_persistent import CPU_CASES, STEPS, _args, check_against_float64
+from tests.test_persistent import CPU_CASES, FULL_GRID_CONFIGS, STEPS, _args, check_against_float64
 from tests.test_wgmma import _cuobjdump
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
         assert usage[dtype]["spill_bytes"] == 0, (dtype, usage[dtype])
         assert 0 < usage[dtype]["registers"] <= 255, (dtype, usage[dtype])
         arrivals = [i for i, op in enumerate(ops) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
-        assert len(arrivals) == barriers_per_step(PROTOCOL.layers, DEFAULT["SPLIT_K"]), (dtype, len(arrivals))
+        assert len(arrivals) == barriers_per_step(PROTOCOL.layers), (dtype, len(arrivals))
         for before, at, after in zip([0] + arrivals, arrivals, arrivals[1:] + [len(ops)]):
             assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in ops[before:at]), (dtype, at)
             poll = next(i for i in range(at, after) if ops[i] == "LDG.E.STRONG.GPU")
@@ -139,6 +139,7 @@ def _train(x, y, batches, p0, layout, segments, sgd, config=None):
                            config=config)
     for steps in segments:
         plan.run(steps)
+        assert not plan.tile_counts.any(), plan.tile_counts  # each tile's last slice set its count back
     assert pos.item() == sum(segments)
     return params, losses
 
@@ -153,16 +154,19 @@ FULL_GRID_CASES = [("fp32", 6, 0.5), ("fp16", 2, 0.05)]
 
 @pytest.mark.gpu
 @pytest.mark.timeout(120)  # a barrier that never opens spins: fail, not hang
+@pytest.mark.parametrize("config", FULL_GRID_CONFIGS)
 @pytest.mark.parametrize("dtype,steps,lr", FULL_GRID_CASES)
-def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr):
+def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr, config):
     """The default protocol's shape with momentum on MNIST-sized random data, one block a
-    multiprocessor: a few steps against float64, and two runs from the same start agree to the bit."""
+    multiprocessor: a few steps against float64, and two runs from the same start agree to the bit.
+    The configs (tests/test_persistent.py's) put a thread's outputs in blocks of 1 x 4 and 2 x 4
+    (update tiles of 32 x 32 on 4 warps), and race a tile's 4 slices to be its last."""
     layout, sgd = PROTOCOL, dict(lr=lr, momentum=0.9, weight_decay=0.0)
     x = torch.randn(2048, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
     y = torch.randint(0, 10, (2048,), device="cuda")
     batches = torch.stack([torch.randperm(2048, device="cuda")[:128] for _ in range(steps)])
     p0 = torch.randn(layout.numel, device="cuda") * 0.05
-    runs = [_train(x, y, batches, p0, layout, [steps], sgd) for _ in range(2)]
+    runs = [_train(x, y, batches, p0, layout, [steps], sgd, config) for _ in range(2)]
     check_against_float64(x, y, batches, p0, *runs[0], layout, dtype, steps, **sgd)
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
