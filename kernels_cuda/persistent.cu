@@ -162,50 +162,48 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
 // out(m, n, sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n)) for each output of a
 // BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. LEFT_KC
 // (RIGHT_KC): k runs along the operand's memory, so a copy's consecutive elements step along k,
-// else along m (n): either way consecutive threads load consecutive addresses. Two shared stages:
-// the next k-step's operands are loaded into registers while this one's FMAs run, then stored
-// into the other stage, one __syncthreads a k-step.
+// else along m (n): either way consecutive threads load consecutive addresses. Two shared stages
+// and two sets of registers: while a k-step's FMAs run, the next k-step's operands (loaded one
+// k-step earlier) wait in one set and the one after's are loaded into the other, so each load has
+// two k-steps to arrive (the first layer's rows of x come from memory, not L2); then the next
+// k-step's set is stored into the other stage, one __syncthreads a k-step.
 template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
           typename Out>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Out out, float* smem) {
     typedef TileMap<BMT, BNT, THREADS> Map;
     typedef ProductSmem<BMT, BNT, BK> S;
     constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN;
+    typedef Staged<BMT * BK, THREADS> LeftRegs;
+    typedef Staged<BK * BNP, THREADS> RightRegs;
     // element e of a copy: (row of the tile, its k)
     auto left_at = [](int e) { return LEFT_KC ? int2{e / BK, e % BK} : int2{e % BMT, e / BMT}; };
     auto right_at = [](int e) { return RIGHT_KC ? int2{e / BK, e % BK} : int2{e % BNP, e / BNP}; };
-    Staged<BMT * BK, THREADS> left_k;
-    Staged<BK * BNP, THREADS> right_k;
-    auto fetch = [&](int k0) {
-        left_k.load([&](int e) {
+    auto fetch = [&](LeftRegs& l, RightRegs& r, int k0) {
+        l.load([&](int e) {
             const int2 at = left_at(e);
             return k0 + at.y < k_hi ? left(at.x, k0 + at.y) : 0.f;
         });
-        right_k.load([&](int e) {
+        r.load([&](int e) {
             const int2 at = right_at(e);
             return k0 + at.y < k_hi ? right(k0 + at.y, at.x) : 0.f;
         });
     };
-    auto put = [&](float* stage) {
-        left_k.store([&](int e, float v) {
+    auto put = [&](const LeftRegs& l, const RightRegs& r, int stage) {
+        float* base = smem + stage * S::STAGE;
+        l.store([&](int e, float v) {
             const int2 at = left_at(e);
-            stage[at.y * S::LDA + at.x] = v;
+            base[at.y * S::LDA + at.x] = v;
         });
-        right_k.store([&](int e, float v) {
+        r.store([&](int e, float v) {
             const int2 at = right_at(e);
-            stage[BK * S::LDA + at.y * S::LDB + at.x] = v;
+            base[BK * S::LDA + at.y * S::LDB + at.x] = v;
         });
     };
     float acc[TM][TN] = {};
-    __syncthreads();  // the last tile's (or phase's) reads of shared memory are done
-    if (k_lo < k_hi) {
-        fetch(k_lo);
-        put(smem);
-    }
-    __syncthreads();
-    for (int k0 = k_lo, stage = 0; k0 < k_hi; k0 += BK, stage ^= 1) {
-        const bool more = k0 + BK < k_hi;
-        if (more) fetch(k0 + BK);  // in flight during this k-step's FMAs
+    // k-step k0 from `stage`: `next` holds k0 + BK's operands (in flight), `free` takes k0 + 2 BK's.
+    auto k_step = [&](int k0, int stage, LeftRegs& next_l, RightRegs& next_r, LeftRegs& free_l,
+                      RightRegs& free_r) {
+        if (k0 + 2 * BK < k_hi) fetch(free_l, free_r, k0 + 2 * BK);
         const float* as = smem + stage * S::STAGE + Map::row(0);
         const float* bs = smem + stage * S::STAGE + BK * S::LDA + Map::col(0);
 #pragma unroll 8
@@ -220,8 +218,21 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
         }
         // The other stage was last read in the k-step before, which every thread finished before
         // the barrier that ended it.
-        if (more) put(smem + (stage ^ 1) * S::STAGE);
+        if (k0 + BK < k_hi) put(next_l, next_r, stage ^ 1);
         __syncthreads();
+    };
+    LeftRegs l0, l1;
+    RightRegs r0, r1;
+    __syncthreads();  // the last tile's (or phase's) reads of shared memory are done
+    if (k_lo < k_hi) {
+        fetch(l0, r0, k_lo);
+        if (k_lo + BK < k_hi) fetch(l1, r1, k_lo + BK);
+        put(l0, r0, 0);
+    }
+    __syncthreads();
+    for (int k0 = k_lo; k0 < k_hi; k0 += 2 * BK) {  // two k-steps a turn: which set is which stays static
+        k_step(k0, 0, l1, r1, l0, r0);
+        if (k0 + BK < k_hi) k_step(k0 + BK, 1, l0, r0, l1, r1);
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i)
