@@ -56,6 +56,14 @@ def tolerance(dtype, layout):
     return u32 if dtype == "fp32" else 4 * 2.0**-11
 
 
+def stored_rounding(steps: int, want: torch.Tensor) -> float:
+    """How far the kernel's fp32 master weights may sit from float64's, which the reference keeps
+    unrounded, whatever the arithmetic: each step stores each weight rounded to fp32, at most 2^-24
+    of it off, so `steps` steps part them by at most steps * 2^-24 |w| (in norm). At a small lr
+    that is many times what `tolerance` allows of an update's path, so it is allowed besides."""
+    return steps * 2.0**-24 * want.norm().item()
+
+
 def check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd):
     ref_losses, ref, paths = reference(x, y, batches, p0, layout, steps, **sgd)
     tol = tolerance(dtype, layout)
@@ -63,8 +71,50 @@ def check_against_float64(x, y, batches, p0, params, losses, layout, dtype, step
     assert ((got_losses - ref_losses).abs() / ref_losses).max() <= tol, (got_losses, ref_losses)
     names = [f"{kind}{i}" for i in range(layout.layers + 1) for kind in ("W", "b")]
     for name, got, want, path in zip(names, layout.views(params.double().cpu()), layout.views(ref), paths):
-        err = (got - want).norm().item() / path
-        assert err <= tol, f"{name}: {err:.3g} of its updates' path off float64's, allowed {tol:.3g}"
+        err, allowed = (got - want).norm().item(), tol * path + stored_rounding(steps, want)
+        assert err <= allowed, (f"{name}: {err:.3g} off float64's, allowed {allowed:.3g} ({tol:.3g} of its updates' "
+                                "path and the fp32 weights' rounding)")
+
+
+# A draw on which float64 training is ill-conditioned cannot judge a kernel: where a pre-activation
+# lies within a rounding's reach of zero, any fp32 kernel's ReLU may fall the other way and pass a
+# gradient float64 blocks (or block one it passes), its tensors then far past the tolerance. At the
+# default protocol's shape both twins failed the same draws by the same 13 to 1,100 times the
+# tolerance, in 0.4-5% of draws by steps, lr and biases (h100/persistent_flips.csv): the draw's
+# fault, not a kernel's. `well_conditioned` sees such a draw in float64 alone: it trains again from
+# weights nudged by NUDGE units of the dtype's roundoff (random signs); a smooth training moves its
+# updates by about as much, one with a ReLU in reach moves them by a flipped row's gradient, as a
+# kernel's rounding would. NUDGES nudges catch a unit in reach with odds 1 - 2^-NUDGES.
+NUDGE, NUDGES = 8, 4
+
+
+def well_conditioned(x, y, batches, p0, layout, dtype, steps, **sgd) -> bool:
+    """Whether float64 training from p0 moves its updates smoothly (by at most 16 nudges' worth of
+    their path) under each of NUDGES nudges of p0."""
+    u = 2.0**-24 if dtype == "fp32" else 2.0**-11
+    _, base, paths = reference(x, y, batches, p0, layout, steps, **sgd)
+    moved = layout.views(base - p0.double().cpu())
+    for _ in range(NUDGES):
+        nudged = p0 * (1 + NUDGE * u * torch.randint(0, 2, p0.shape, device=p0.device).mul(2).sub(1))
+        _, other, _ = reference(x, y, batches, nudged, layout, steps, **sgd)
+        for was, now, path in zip(moved, layout.views(other - nudged.double().cpu()), paths):
+            if (now - was).norm().item() > 16 * NUDGE * u * path:
+                return False
+    return True
+
+
+def full_grid_inputs(layout, dtype, steps, draws=10, **sgd):
+    """(x, y, batches, p0) of a full-grid case on the GPU: MNIST-sized random data (2048 images)
+    and small random weights, the first of `draws` fresh draws on which float64 training is well
+    conditioned."""
+    for _ in range(draws):
+        x = torch.randn(2048, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
+        y = torch.randint(0, layout.classes, (2048,), device="cuda")
+        batches = torch.stack([torch.randperm(2048, device="cuda")[:layout.batch] for _ in range(steps)])
+        p0 = torch.randn(layout.numel, device="cuda") * 0.05
+        if well_conditioned(x, y, batches, p0, layout, dtype, steps, **sgd):
+            return x, y, batches, p0
+    raise AssertionError(f"none of {draws} draws trains smoothly in float64")
 
 
 CPU_CASES = [  # irregular sides: none a multiple of a tile
@@ -285,13 +335,10 @@ FULL_GRID_CONFIGS = [{}, dict(BM=16, BN=16, BK=16, SPLIT_K=4, num_warps=4)]
 @pytest.mark.parametrize("config", FULL_GRID_CONFIGS)
 def test_the_full_grid_tracks_float64_and_repeats_its_bits(config):
     """The default protocol's shape (784-128-128-10, batch 128, fp32, momentum) on MNIST-sized
-    random data, one program a multiprocessor: a few steps against float64, two runs from the
-    same start agree to the bit, and every tile's count is back at zero."""
-    layout, steps, sgd = Layout(hidden=128, layers=2, batch=128), 6, dict(lr=0.05, momentum=0.9, weight_decay=0.0)
-    x = torch.randn(2048, layout.inputs, device="cuda")
-    y = torch.randint(0, 10, (2048,), device="cuda")
-    batches = torch.stack([torch.randperm(2048, device="cuda")[:128] for _ in range(steps)])
-    p0 = torch.randn(layout.numel, device="cuda") * 0.05
+    random data (a well-conditioned draw), one program a multiprocessor: a few steps against
+    float64, two runs from the same start agree to the bit, and every tile's count is back at zero."""
+    layout, steps, sgd = Layout(hidden=128, layers=2, batch=128), 3, dict(lr=0.05, momentum=0.9, weight_decay=0.0)
+    x, y, batches, p0 = full_grid_inputs(layout, "fp32", steps, **sgd)
     runs = []
     for _ in range(2):
         params, bufs, losses = p0.clone(), torch.zeros_like(p0), torch.zeros(steps, device="cuda")
