@@ -145,12 +145,13 @@ def _train(x, y, batches, p0, layout, segments, sgd, config=None):
     return params, losses
 
 
-# Steps and learning rate a dtype can be held to float64 with, on a well-conditioned draw
-# (tests/test_persistent.py: full_grid_inputs). Not a large lr: at lr 0.5 with momentum 0.9 the
-# training amplifies a rounding difference. The fp32 weights' own rounding is allowed apart
-# (stored_rounding). In fp16 a value stored one ulp from float64's grows with the training's own
-# dynamics past a few steps (up to 8 u16 by step 6 at some seeds; under 0.2 u16 at step 2).
-FULL_GRID_CASES = [("fp32", 3, 0.05), ("fp16", 2, 0.05)]
+# Steps and learning rate a dtype can be held to float64 with (inputs: tests/test_persistent.py's
+# full_grid_inputs). fp32: a small lr, so that the second step's pre-activations stay in the gaps the
+# biases were put in; the fp32 weights' own rounding, then far larger than tol of the updates' path,
+# is allowed apart (stored_rounding). In fp16 a value stored one ulp from float64's grows with the
+# training's own dynamics past a few steps (up to 8 u16 by step 6 at some seeds; under 0.2 u16 at
+# step 2).
+FULL_GRID_CASES = [("fp32", 2, 0.005), ("fp16", 2, 0.05)]
 
 
 @pytest.mark.gpu
@@ -158,13 +159,13 @@ FULL_GRID_CASES = [("fp32", 3, 0.05), ("fp16", 2, 0.05)]
 @pytest.mark.parametrize("config", FULL_GRID_CONFIGS)
 @pytest.mark.parametrize("dtype,steps,lr", FULL_GRID_CASES)
 def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr, config):
-    """The default protocol's shape with momentum on MNIST-sized random data (a well-conditioned
-    draw), one block a multiprocessor: a few steps against float64, and two runs from the same start
-    agree to the bit.
+    """The default protocol's shape with momentum on MNIST-sized random data (full_grid_inputs), one
+    block a multiprocessor: two steps against float64, and two runs from the same start agree to the
+    bit.
     The configs (tests/test_persistent.py's) put a thread's outputs in blocks of 1 x 4 and 2 x 4
     (update tiles of 32 x 32 on 4 warps), and race a tile's 4 slices to be its last."""
     layout, sgd = PROTOCOL, dict(lr=lr, momentum=0.9, weight_decay=0.0)
-    x, y, batches, p0 = full_grid_inputs(layout, dtype, steps, **sgd)
+    x, y, batches, p0 = full_grid_inputs(layout, dtype, steps)
     runs = [_train(x, y, batches, p0, layout, [steps], sgd, config) for _ in range(2)]
     check_against_float64(x, y, batches, p0, *runs[0], layout, dtype, steps, **sgd)
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
