@@ -44,10 +44,10 @@ def _smem_asserts() -> str:
     return "\n".join(lines)
 
 
-def _build(tmp_path, arch: int):
-    """(ptxas's report by name expression, SASS by name expression) of the default config at the
-    protocol's shape with momentum, fp32 and fp16, built from the pasted source."""
-    kernels = {dtype: persistent.variant(dtype, DEFAULT, PROTOCOL, True, False).name_expr
+def _build(tmp_path, arch: int, config: dict = DEFAULT):
+    """(ptxas's report by name expression, SASS by name expression) of a config (the default) at
+    the protocol's shape with momentum, fp32 and fp16, built from the pasted source."""
+    kernels = {dtype: persistent.variant(dtype, config, PROTOCOL, True, False).name_expr
                for dtype in ("fp32", "fp16")}
     refs = ",\n".join(f"(void*)&{e}" for e in kernels.values())
     source, cubin = tmp_path / "persistent.cu", tmp_path / "persistent.cubin"
@@ -92,6 +92,32 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
         strong = [op for op in ops if op.startswith("LDG.E") and op.endswith(".STRONG.GPU")]
         assert len(strong) > len(arrivals), (dtype, strong)
         assert dtype == "fp32" or "LDG.E.U16.STRONG.GPU" in strong, (dtype, strong)
+
+
+def check_last_slice(ops: list[str]) -> None:
+    """A split first layer's SASS: one tile count, arrived at by an atomic after the block's barrier
+    and a GPU-wide fence (release); after it a second fence (acquire), the verdict handed to the
+    block (bar.red), then the partials read through L2 (.cg), all before the step's first barrier."""
+    counts = [i for i, op in enumerate(ops) if re.fullmatch(r"ATOMG\.E\.ADD\.STRONG\.GPU", op)]
+    arrivals = [i for i, op in enumerate(ops) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
+    assert len(counts) == 1 and len(arrivals) == barriers_per_step(PROTOCOL.layers), (counts, len(arrivals))
+    at = counts[0]
+    sync = max(i for i in range(at) if ops[i].startswith("BAR.SYNC"))
+    assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in ops[sync:at]), ops[sync:at]
+    after = ops[at:arrivals[0]]
+    fence = next(i for i, op in enumerate(after) if op.startswith("MEMBAR") and op.endswith(".GPU"))
+    handed = next(i for i, op in enumerate(after) if op.startswith("BAR.RED.OR"))
+    assert fence < handed < next(i for i, op in enumerate(after) if op == "LDG.E.STRONG.GPU"), after[:40]
+
+
+@needs_nvcc
+@pytest.mark.skipif(_cuobjdump() is None, reason="no cuobjdump (nvcc's or Triton's)")
+def test_a_split_first_layer_is_summed_by_each_tiles_last_slice_without_a_phase(tmp_path):
+    """SPLIT_K = 4 on sm_90, fp32 and fp16: splitk.cuh's arrival (release, and acquire for the last
+    slice) before the partials are read, and the step's 2L + 1 barriers (check_last_slice)."""
+    _, sass = _build(tmp_path, 90, {**DEFAULT, "BM": 16, "BN": 16, "SPLIT_K": 4})
+    for ops in sass.values():
+        check_last_slice(ops)
 
 
 def test_the_module_imports_without_cupy():
