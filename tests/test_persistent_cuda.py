@@ -97,7 +97,8 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
 def check_last_slice(ops: list[str]) -> None:
     """A split first layer's SASS: one tile count, arrived at by an atomic after the block's barrier
     and a GPU-wide fence (release); after it a second fence (acquire), the verdict handed to the
-    block (bar.red), then the partials read through L2 (.cg), all before the step's first barrier."""
+    block (bar.red), then the partials read through L2 (.cg, as every load up to the step's first
+    barrier: a plain load could find a line of L1 from before another slice's store)."""
     counts = [i for i, op in enumerate(ops) if re.fullmatch(r"ATOMG\.E\.ADD\.STRONG\.GPU", op)]
     arrivals = [i for i, op in enumerate(ops) if re.fullmatch(r"REDG?\.E\.ADD\.STRONG\.GPU", op)]
     assert len(counts) == 1 and len(arrivals) == barriers_per_step(PROTOCOL.layers), (counts, len(arrivals))
@@ -108,6 +109,7 @@ def check_last_slice(ops: list[str]) -> None:
     fence = next(i for i, op in enumerate(after) if op.startswith("MEMBAR") and op.endswith(".GPU"))
     handed = next(i for i, op in enumerate(after) if op.startswith("BAR.RED.OR"))
     assert fence < handed < next(i for i, op in enumerate(after) if op == "LDG.E.STRONG.GPU"), after[:40]
+    assert {op for op in after if op.startswith("LDG")} == {"LDG.E.STRONG.GPU"}, after
 
 
 @needs_nvcc
