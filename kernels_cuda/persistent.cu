@@ -55,8 +55,9 @@ __host__ __device__ constexpr int pow2_ceil(int v) { return v <= 1 ? 1 : 2 * pow
 // A product's shared memory: two stages, one filled while the other is multiplied, each a BK x BMT
 // tile of the left operand and a BK x BNT one of the right, both k-major (rows of k), so a thread
 // reads its TM rows' (TN columns') values at one k as 16-byte vectors. Rows are padded by 4 floats:
-// the stores of a k-contiguous operand then spread over the banks. BNT is rounded up to a power of
-// two (the loss's 10 classes: 16), the columns past BNT computed on zeros.
+// a warp's stores of a k-contiguous operand (32 k of one row) then fall on 8 banks, not one (4-way
+// conflicts, not 32-way). BNT is rounded up to a power of two (the loss's 10 classes: 16), the
+// columns past BNT computed on zeros.
 template <int BMT, int BNT, int BK>
 struct ProductSmem {
     static constexpr int LDA = BMT + 4, LDB = pow2_ceil(BNT) + 4, STAGE = BK * (LDA + LDB), FLOATS = 2 * STAGE;
