@@ -129,7 +129,7 @@ def slice_counts(layout: Layout, cfg: dict) -> int:
     """Counters the first layer's split forward needs, one a BM x BN tile of its output: its
     slices arrive there, and the last to arrive sums them (each twin's kernel). Zeroed once; every
     launch leaves them at zero."""
-    return -(-layout.batch // cfg["BM"]) * -(-layout.hidden // cfg["BN"])
+    return contract.cdiv(layout.batch, cfg["BM"]) * contract.cdiv(layout.hidden, cfg["BN"])
 
 
 def check_inputs(x: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,

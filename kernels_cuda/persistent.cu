@@ -6,8 +6,9 @@
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/persistent.cu
 //
 // One block a multiprocessor (or PROGRAMS) walks each step's phases, a grid barrier
-// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step (kernels_core.persistent.barriers_per_step). Each phase is a list of tiles handed out over the
-// grid, tile t to block t mod blocks, so a phase takes about one tile's chain of k-steps:
+// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step (kernels_core.persistent.barriers_per_step).
+// Each phase is a list of tiles handed out over the grid, tile t to block t mod blocks, so a phase
+// takes about one tile's chain of k-steps:
 //   forward  l = 0 .. LAYERS-1: A_{l+1} = relu(A_l @ W_l + b_l) (A_0 = x[batches[s]]) in BM x BN
 //            tiles; the first layer's K may split into SPLIT_K slices summed into fp32 partials,
 //            which each tile's last slice to arrive adds up in order (forward).
@@ -425,8 +426,7 @@ template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
             EltT<DT>* grads, float* part, int* counts, float* slots, float* losses, u32* counter, i64* pos, i64* stamps,
-            int steps,
-            int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
+            int steps, int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float shared[];
     i64* const rows = reinterpret_cast<i64*>(shared);  // the step's batch rows (PersistentSmem)
     float* const smem = shared + PersistentSmem<M, OUT, BM, BN, BK, BR, BC, BL>::ROWS;  // the phases'

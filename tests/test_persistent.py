@@ -203,7 +203,8 @@ from kernels_triton.reports import _ptxas_usage
 arch, dt, stamps, split = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "stamps", int(sys.argv[4])
 ptr = "*" + dt
 signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp32", "buf_ptr": "*fp32",
-             "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "counts_ptr": "*i32", "slots_ptr": "*fp32", "losses_ptr": "*fp32",
+             "acts_ptr": ptr, "grads_ptr": ptr, "part_ptr": "*fp32", "counts_ptr": "*i32", "slots_ptr": "*fp32",
+             "losses_ptr": "*fp32",
              "counter_ptr": "*i32", "pos_ptr": "*i64", "stamps_ptr": "*i64", "steps": "i32", "epoch_steps": "i32",
              "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
 constexprs = constants(Layout(hidden=128, layers=2, batch=128), {**DEFAULT, "SPLIT_K": split}, True, False, stamps)
