@@ -25,27 +25,24 @@ import argparse
 import pandas as pd
 import torch
 
-from autotune.workload import _open_half
 from experiments.paths import results_dir
 from kernels_core.persistent import Layout
 from kernels_core.provenance import provenance
 from kernels_core.reference import mlp_steps
-from tests.test_persistent import FULL_GRID_CONFIGS, reference, stored_rounding, tolerance
+from kernels_cuda import persistent as cuda_persistent
+from kernels_triton import persistent as triton_persistent
+from tests.test_persistent import FULL_GRID_CONFIGS, float64_errors, full_grid_inputs, reference
 
 CONFIG_NAMES = ["default", "tiles16-warps4-split4"]  # FULL_GRID_CONFIGS, in order
 LAYOUT = Layout(hidden=128, layers=2, batch=128)
+TWINS = {"cuda": cuda_persistent, "triton": triton_persistent}
 
 
 def draw(seed: int, steps: int, biases: str, device: str):
-    """(x, y, batches, p0) as the full-grid tests draw them, from `seed`."""
+    """(x, y, batches, p0) as the full-grid tests draw them (tests/test_persistent.py's
+    full_grid_inputs), from `seed`."""
     torch.manual_seed(seed)
-    x = torch.randn(2048, LAYOUT.inputs, device=device)
-    y = torch.randint(0, LAYOUT.classes, (2048,), device=device)
-    batches = torch.stack([torch.randperm(2048, device=device)[:LAYOUT.batch] for _ in range(steps)])
-    p0 = torch.randn(LAYOUT.numel, device=device) * 0.05
-    if biases == "open-half":
-        _open_half(LAYOUT, p0, x.index_select(0, batches.flatten()).double())
-    return x, y, batches, p0
+    return full_grid_inputs(LAYOUT, "fp32", steps, device=device, open_half=biases == "open-half")
 
 
 def trained(twin: str, config: dict, x, y, batches, p0, steps: int, sgd: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,20 +53,14 @@ def trained(twin: str, config: dict, x, y, batches, p0, steps: int, sgd: dict) -
     if twin == "torch-fp32":
         mlp_steps(x, y, batches, pos, params, bufs, losses, LAYOUT, steps=steps, compute=torch.float32, **sgd)
     else:
-        from importlib import import_module
-
-        persistent = import_module(f"kernels_{twin}.persistent")
-        persistent.plan(x, y, batches, pos, params, bufs, losses, LAYOUT, **sgd, config=config).run(steps)
+        TWINS[twin].plan(x, y, batches, pos, params, bufs, losses, LAYOUT, **sgd, config=config).run(steps)
     return params, losses
 
 
 def judged(params, losses, ref_losses, ref, paths, steps: int) -> float:
-    """The draw's error over what check_against_float64 allows (above 1: it fails)."""
-    tol = tolerance("fp32", LAYOUT)
-    worst = ((losses.double().cpu() - ref_losses).abs() / ref_losses).max().item() / tol
-    for got, want, path in zip(LAYOUT.views(params.double().cpu()), LAYOUT.views(ref), paths):
-        worst = max(worst, (got - want).norm().item() / (tol * path + stored_rounding(steps, want)))
-    return worst
+    """The draw's worst error over what check_against_float64 allows (above 1: it fails)."""
+    errors = float64_errors(params, losses, ref_losses, ref, paths, LAYOUT, "fp32", steps)
+    return max(err / allowed for err, allowed in errors.values())
 
 
 def main(argv=None) -> None:

@@ -64,21 +64,29 @@ def stored_rounding(steps: int, want: torch.Tensor) -> float:
     return steps * 2.0**-24 * want.norm().item()
 
 
-def check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd):
-    ref_losses, ref, paths = reference(x, y, batches, p0, layout, steps, **sgd)
+def float64_errors(params, losses, ref_losses, ref, paths, layout, dtype, steps) -> dict[str, tuple[float, float]]:
+    """What the float64 check judges, each as (error, what is allowed): the losses' largest relative
+    error (tolerance's), then each tensor's distance from float64's (tolerance of its updates' path
+    and the fp32 weights' rounding); ref_losses, ref, paths: reference's."""
     tol = tolerance(dtype, layout)
     got_losses = losses[:steps].double().cpu()
-    assert ((got_losses - ref_losses).abs() / ref_losses).max() <= tol, (got_losses, ref_losses)
+    errors = {"losses": (((got_losses - ref_losses).abs() / ref_losses).max().item(), tol)}
     names = [f"{kind}{i}" for i in range(layout.layers + 1) for kind in ("W", "b")]
     for name, got, want, path in zip(names, layout.views(params.double().cpu()), layout.views(ref), paths):
-        err, allowed = (got - want).norm().item(), tol * path + stored_rounding(steps, want)
-        assert err <= allowed, (f"{name}: {err:.3g} off float64's, allowed {allowed:.3g} ({tol:.3g} of its updates' "
-                                "path and the fp32 weights' rounding)")
+        errors[name] = ((got - want).norm().item(), tol * path + stored_rounding(steps, want))
+    return errors
 
 
-def full_grid_inputs(layout, dtype, steps):
+def check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd):
+    ref_losses, ref, paths = reference(x, y, batches, p0, layout, steps, **sgd)
+    for name, (err, allowed) in float64_errors(params, losses, ref_losses, ref, paths, layout, dtype, steps).items():
+        assert err <= allowed, (f"{name}: {err:.3g} off float64's, allowed {allowed:.3g} (losses: relative; a "
+                                "tensor: tolerance of its updates' path and the fp32 weights' rounding)")
+
+
+def full_grid_inputs(layout, dtype, steps, device="cuda", open_half=None):
     """(x, y, batches, p0) of a full-grid case on the GPU: MNIST-sized random data (2048 images) and
-    small random weights. In fp32 each hidden bias sits in the widest gap of its unit's float64
+    small random weights. In fp32 (or as open_half says) each hidden bias sits in the widest gap of its unit's float64
     pre-activations over the steps' rows (the tuner gate's inputs, autotune/workload.py's _open_half):
     where a pre-activation lies within a rounding's reach of zero, any fp32 kernel's ReLU may fall
     the other way and pass a gradient float64 blocks, its tensors then far past the tolerance (both
@@ -87,11 +95,13 @@ def full_grid_inputs(layout, dtype, steps):
     their gaps."""
     from autotune.workload import _open_half
 
-    x = torch.randn(2048, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
-    y = torch.randint(0, layout.classes, (2048,), device="cuda")
-    batches = torch.stack([torch.randperm(2048, device="cuda")[:layout.batch] for _ in range(steps)])
-    p0 = torch.randn(layout.numel, device="cuda") * 0.05
-    if dtype == "fp32":
+    if open_half is None:
+        open_half = dtype == "fp32"
+    x = torch.randn(2048, layout.inputs, device=device).to(torch.float16 if dtype == "fp16" else torch.float32)
+    y = torch.randint(0, layout.classes, (2048,), device=device)
+    batches = torch.stack([torch.randperm(2048, device=device)[:layout.batch] for _ in range(steps)])
+    p0 = torch.randn(layout.numel, device=device) * 0.05
+    if open_half:
         _open_half(layout, p0, x.index_select(0, batches.flatten()).double())
     return x, y, batches, p0
 
