@@ -161,8 +161,11 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
     }
 }
 
-// out(m, n, sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n)) for each output of a
-// BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. LEFT_KC
+// out(m, n, sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n), early(m, n)) for each
+// output of a BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges.
+// early(m, n) loads what the output's epilogue reads besides the sum (a bias, a ReLU mask, the
+// weights an update steps): sent for with the first k-steps' operands, it arrives while the
+// product runs rather than after it, a round trip to L2 less on the phase's critical path. LEFT_KC
 // (RIGHT_KC): k runs along the operand's memory, so a copy's consecutive elements step along k,
 // else along m (n): either way consecutive threads load consecutive addresses. Two shared stages
 // and two sets of registers: while a k-step's FMAs run, the next k-step's operands (loaded one
@@ -170,8 +173,9 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
 // two k-steps to arrive (the first layer's rows of x come from memory, not L2); then the next
 // k-step's set is stored into the other stage, one __syncthreads a k-step.
 template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
-          typename Out>
-__device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Out out, float* smem) {
+          typename Early, typename Out>
+__device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
+                                        float* smem) {
     typedef TileMap<BMT, BNT, THREADS> Map;
     typedef ProductSmem<BMT, BNT, BK> S;
     constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN;
@@ -225,12 +229,17 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     };
     LeftRegs l0, l1;
     RightRegs r0, r1;
+    decltype(early(0, 0)) pre[TM][TN];
     __syncthreads();  // the last tile's (or phase's) reads of shared memory are done
     if (k_lo < k_hi) {
         fetch(l0, r0, k_lo);
         if (k_lo + BK < k_hi) fetch(l1, r1, k_lo + BK);
-        put(l0, r0, 0);
     }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) pre[i][j] = early(Map::row(i), Map::col(j));
+    if (k_lo < k_hi) put(l0, r0, 0);
     __syncthreads();
     for (int k0 = k_lo; k0 < k_hi; k0 += 2 * BK) {  // two k-steps a turn: which set is which stays static
         k_step(k0, 0, l1, r1, l0, r0);
@@ -240,7 +249,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j)
-            if (BNT == BNP || Map::col(j) < BNT) out(Map::row(i), Map::col(j), acc[i][j]);
+            if (BNT == BNP || Map::col(j) < BNT) out(Map::row(i), Map::col(j), acc[i][j], pre[i][j]);
 }
 
 // out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
@@ -259,11 +268,12 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
             [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
-            [&](int m, int n, float v) {
+            [&](int m, int n) { return SPLIT == 1 && n0 + n < N ? ldcg1(b + n0 + n) : 0.f; },  // the bias
+            [&](int m, int n, float v, float bias) {
                 m += m0, n += n0;
                 if (m < M && n < N) {
                     if constexpr (SPLIT == 1)
-                        out[m * N + n] = Elt<DT>::store(relu_f(v + ldcg1(b + n)));
+                        out[m * N + n] = Elt<DT>::store(relu_f(v + bias));
                     else
                         part[(i64)s * M * N + m * N + n] = v;
                 }
@@ -304,24 +314,41 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
     for (int t = blockIdx.x; t < cdiv_c(M, BL) * CHUNKS; t += gridDim.x) {
         const int block = t / CHUNKS, m0 = block * BL, k0 = (t % CHUNKS) * BN;
         const bool first = t % CHUNKS == 0;
-        Staged<BN * N, THREADS> w_rows;  // loaded now, stored once the product is done with its stages
+        // Loaded now, so that they arrive while the product runs: BN rows of w (stored once the
+        // product is done with its stages), dx's ReLU mask (its tile of a) and the rows' labels.
+        Staged<BN * N, THREADS> w_rows;
         w_rows.load(
             [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
+        Staged<BL * BN, THREADS> mask;
+        mask.load([&](int e) {
+            const int m = m0 + e / BN, k = k0 + e % BN;
+            return m < M && k < K ? load_cg<DT>(a + (i64)m * K + k) : 0.f;
+        });
+        constexpr int ROWS_EACH = cdiv_c(BL, THREADS);
+        i64 labels[ROWS_EACH];
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = tid + i * THREADS;
+            labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
+        }
         product<BL, N, BK, THREADS, true, false>(
             0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
             [&](int k, int n) { return k < K && n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; },
-            [&](int m, int n, float v) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + ldcg1(b + n))); },
+            [&](int m, int n) { return n < N ? ldcg1(b + n) : 0.f; },  // the bias
+            [&](int m, int n, float v, float bias) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + bias)); },
             smem);
         __syncthreads();  // the logits are whole
         w_rows.store([&](int e, float v) { wt[e] = v; });
-        for (int r = tid; r < BL; r += THREADS) {
-            const int m = m0 + r;
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = tid + i * THREADS, m = m0 + r;
+            if (r >= BL) break;
             float* z = logits + r * N;
             float top = neg_inf(), total = 0.f, picked = 0.f;
             for (int n = 0; n < N; ++n) top = fmaxf(top, z[n]);
             for (int n = 0; n < N; ++n) total += expf(z[n] - top);
             if (m < M) {
-                const i64 label = y[rows[m]];
+                const i64 label = labels[i];
                 for (int n = 0; n < N; ++n) picked = n == label ? z[n] : picked;  // a label past N picks nothing
                 row_loss[r] = top + logf(total) - picked;
                 for (int n = 0; n < N; ++n) {
@@ -339,15 +366,14 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             for (int r = 0; r < BL; ++r) sum += row_loss[r];
             slots[block] = sum;
         }
-        for (int idx = tid; idx < BL * BN; idx += THREADS) {
+        mask.store([&](int idx, float a_value) {
             const int r = idx / BN, k = k0 + idx % BN;
             if (m0 + r < M && k < K) {
                 float g = 0.f;
                 for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
-                const i64 at = (i64)(m0 + r) * K + k;
-                dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? g : 0.f);
+                dx[(i64)(m0 + r) * K + k] = Elt<DT>::store(a_value > 0.f ? g : 0.f);
             }
-        }
+        });
     }
 }
 
@@ -361,12 +387,13 @@ __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, co
     product<BM, BN, BK, THREADS, true, true>(
         0, N, [&](int m, int n) { return m0 + m < M && n < N ? load_cg<DT>(d + (i64)(m0 + m) * N + n) : 0.f; },
         [&](int n, int k) { return n < N && k0 + k < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n)) : 0.f; },
-        [&](int m, int k, float v) {
+        [&](int m, int k) {  // the ReLU mask
             m += m0, k += k0;
-            if (m < M && k < K) {
-                const i64 at = (i64)m * K + k;
-                dx[at] = Elt<DT>::store(load_cg<DT>(a + at) > 0.f ? v : 0.f);
-            }
+            return m < M && k < K ? load_cg<DT>(a + (i64)m * K + k) : 0.f;
+        },
+        [&](int m, int k, float v, float a_value) {
+            m += m0, k += k0;
+            if (m < M && k < K) dx[(i64)m * K + k] = Elt<DT>::store(a_value > 0.f ? v : 0.f);
         },
         smem);
 }
@@ -383,16 +410,21 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     constexpr int TILES_C = cdiv_c(N, BC);
     const int block = t / TILES_C, r0 = block * BR, c0 = (t % TILES_C) * BC;
     const float wd = HAS_WEIGHT_DECAY ? weight_decay : 0.f;  // a constant 0 compiles sgd_step's term away
+    auto sgd = [&](i64 at) { return SgdArgs<EltT<DT>>{HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}; };
     product<BR, BC, BK, THREADS, false, false>(
         0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
         [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },
-        [&](int r, int c, float v) {
+        [&](int r, int c) {  // the weight and its momentum
+            r += r0, c += c0;
+            const i64 at = (i64)r * N + c;
+            return sgd_load<DT, 1>(w + at, sgd(at), r < K && c < N ? 1 : 0, false);
+        },
+        [&](int r, int c, float v, SgdIn<1> in) {
             r += r0, c += c0;
             if (r < K && c < N) {
                 const float g[1] = {v};
                 const i64 at = (i64)r * N + c;
-                sgd_step<DT, 1>(w + at, {HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}, g, 1,
-                                false);
+                sgd_apply<DT, 1>(w + at, sgd(at), g, in, 1, false);
             }
         },
         smem);

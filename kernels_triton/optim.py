@@ -36,12 +36,31 @@ def sgd_rule(g, p_ptrs, buf_ptrs, low_ptrs, mask, lr, momentum, weight_decay,
              HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, LOW: tl.constexpr):
     """The rule on a block of fp32 params from their fp32 gradient `g`; LOW also stores the new
     params rounded to `low_ptrs`' dtype. The one definition: linear_sgd's epilogue runs it too."""
+    p, buf = sgd_load(p_ptrs, buf_ptrs, mask, HAS_MOMENTUM)
+    sgd_apply(g, p, buf, p_ptrs, buf_ptrs, low_ptrs, mask, lr, momentum, weight_decay, HAS_MOMENTUM,
+              HAS_WEIGHT_DECAY, LOW)
+
+
+@triton.jit
+def sgd_load(p_ptrs, buf_ptrs, mask, HAS_MOMENTUM: tl.constexpr):
+    """What the rule reads, the params and (HAS_MOMENTUM) their momentum buffers: apart from
+    sgd_apply, so that a caller can send for them before it has the gradient."""
     p = tl.load(p_ptrs, mask=mask)
+    buf = p
+    if HAS_MOMENTUM:
+        buf = tl.load(buf_ptrs, mask=mask)
+    return p, buf
+
+
+@triton.jit
+def sgd_apply(g, p, buf, p_ptrs, buf_ptrs, low_ptrs, mask, lr, momentum, weight_decay,
+              HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, LOW: tl.constexpr):
+    """The rule on params p and buffers buf as sgd_load read them; stores the new values."""
     d = g
     if HAS_WEIGHT_DECAY:
         d += weight_decay * p
     if HAS_MOMENTUM:
-        d += momentum * tl.load(buf_ptrs, mask=mask)
+        d += momentum * buf
         tl.store(buf_ptrs, d, mask=mask)
     p = p - lr * d
     tl.store(p_ptrs, p, mask=mask)

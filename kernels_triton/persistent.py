@@ -63,7 +63,7 @@ from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, ch
 
 from . import _runtime as rt
 from .matmul import _dot
-from .optim import sgd_rule
+from .optim import sgd_apply, sgd_load
 
 
 @triton.jit
@@ -147,6 +147,8 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counts_ptr, M, pi
         offs_n = (tile % tiles_n) * BN + tl.arange(0, BN)
         in_m, in_n = offs_m < M, offs_n < N
         src = _source_rows(rows_ptr, offs_m, in_m, GATHER)
+        if SPLIT == 1:  # sent for now, so that it arrives while the product runs
+            bias = tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")
         k_steps = tl.cdiv(K, BK)
         acc = _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, (s * k_steps // SPLIT) * BK,
                             ((s + 1) * k_steps // SPLIT) * BK, N, K, GATHER, BM, BN, BK)
@@ -161,17 +163,17 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counts_ptr, M, pi
                 acc = tl.zeros((BM, BN), dtype=tl.float32)
                 for q in tl.static_range(SPLIT):
                     acc += tl.load(part_ptr + q * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
-                _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask)
+                bias = tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")
+                _finish(acc, bias, out_ptr, at, mask)
                 tl.store(counts_ptr + tile, 0)
         else:
-            _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask)
+            _finish(acc, bias, out_ptr, at, mask)
 
 
 @triton.jit
-def _finish(acc, b_ptr, out_ptr, at, offs_n, in_n, mask):
-    """out[at] = relu(acc + b), stored in out's dtype."""
-    acc = tl.maximum(acc + tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :], 0.0)
-    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+def _finish(acc, bias, out_ptr, at, mask):
+    """out[at] = relu(acc + bias), stored in out's dtype."""
+    tl.store(out_ptr + at, tl.maximum(acc + bias[None, :], 0.0).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -191,27 +193,30 @@ def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, dx_ptr, slots_ptr, M, inv
         block = t // chunks
         offs_m = block * BL + tl.arange(0, BL)
         in_m = offs_m < M
+        offs_k = (t % chunks) * BN + tl.arange(0, BN)
+        in_k = offs_k < K
+        # What the tile reads besides the product's operands, sent for before it so that it arrives
+        # while the product runs: the bias, the rows' labels, dx's ReLU mask (a) and w's rows offs_k.
+        bias = tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")
+        rows = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
+        label = tl.load(y_ptr + rows, mask=in_m, other=0)
+        a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
+        w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
+                      other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
         acc = _tile_product(a_ptr, offs_m, in_m, w_ptr, offs_n, in_n, 0, K, N, K, False, BL, NP, BK)
-        acc += tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")[None, :]
+        acc += bias[None, :]
         logits = acc.to(d_ptr.dtype.element_ty).to(tl.float32)
         logits = tl.where(in_n[None, :], logits, float("-inf"))
         top = tl.max(logits, axis=1)
         e = tl.exp(logits - top[:, None])
         total = tl.sum(e, axis=1)
-        rows = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
-        label = tl.load(y_ptr + rows, mask=in_m, other=0)
         hit = offs_n[None, :] == label[:, None]
         d = ((e / total[:, None] - tl.where(hit, 1.0, 0.0)) * inv_m).to(d_ptr.dtype.element_ty)
         if t % chunks == 0:
             loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
             tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d, mask=in_m[:, None] & in_n[None, :])
             tl.store(slots_ptr + block, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
-        offs_k = (t % chunks) * BN + tl.arange(0, BN)
-        in_k = offs_k < K
-        w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
-                      other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
         dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
-        a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
         tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
                  mask=in_m[:, None] & in_k[None, :])
 
@@ -225,6 +230,7 @@ def _input_grad(d_ptr, w_ptr, a_ptr, dx_ptr, t, M, K: tl.constexpr, N: tl.conste
     offs_m = (t // tiles_k) * BM + tl.arange(0, BM)
     offs_k = (t % tiles_k) * BN + tl.arange(0, BN)
     in_m, in_k = offs_m < M, offs_k < K
+    a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)  # the mask, sent for first
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for n0 in range(0, N, BK):
         offs_n = n0 + tl.arange(0, BK)
@@ -234,7 +240,6 @@ def _input_grad(d_ptr, w_ptr, a_ptr, dx_ptr, t, M, K: tl.constexpr, N: tl.conste
         w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :], other=0.0,
                       cache_modifier=".cg")  # (BK, BN): w's rows offs_k, transposed
         acc = _dot(d, w_t.to(d.dtype), acc, tl.float32, 0)
-    a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
     tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, acc, 0.0).to(dx_ptr.dtype.element_ty),
              mask=in_m[:, None] & in_k[None, :])
 
@@ -252,6 +257,13 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
     offs_r = block * BR + tl.arange(0, BR)
     offs_c = (t % tiles_c) * BC + tl.arange(0, BC)
     in_r, in_c = offs_r < K, offs_c < N
+    # The tile's params and buffers, sent for before the product so that they arrive while it runs.
+    w_ptrs = w_ptr + offs_r[:, None] * N + offs_c[None, :]
+    w_buf_ptrs = w_buf_ptr + offs_r[:, None] * N + offs_c[None, :]
+    w_mask = in_r[:, None] & in_c[None, :]
+    w, w_buf = sgd_load(w_ptrs, w_buf_ptrs, w_mask, HAS_MOMENTUM)
+    b_mask = in_c & (block + 0 * offs_c == 0)  # the bias: row block 0 alone
+    b, b_buf = sgd_load(b_ptr + offs_c, b_buf_ptr + offs_c, b_mask, HAS_MOMENTUM)
     g = tl.zeros((BR, BC), dtype=tl.float32)
     gb = tl.zeros((BC,), dtype=tl.float32)
     for b0 in range(0, M, BK):
@@ -264,12 +276,11 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
         g = _dot(tl.trans(a), d, g, tl.float32, 0)
         if block == 0:
             gb += tl.sum(d.to(tl.float32), axis=0)
-    w_ptrs = w_ptr + offs_r[:, None] * N + offs_c[None, :]
-    sgd_rule(g, w_ptrs, w_buf_ptr + offs_r[:, None] * N + offs_c[None, :], w_ptrs, in_r[:, None] & in_c[None, :], lr,
-             momentum, weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
+    sgd_apply(g, w, w_buf, w_ptrs, w_buf_ptrs, w_ptrs, w_mask, lr, momentum, weight_decay, HAS_MOMENTUM,
+              HAS_WEIGHT_DECAY, False)
     if block == 0:
-        sgd_rule(gb, b_ptr + offs_c, b_buf_ptr + offs_c, b_ptr + offs_c, in_c, lr, momentum, weight_decay,
-                 HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
+        sgd_apply(gb, b, b_buf, b_ptr + offs_c, b_buf_ptr + offs_c, b_ptr + offs_c, b_mask, lr, momentum,
+                  weight_decay, HAS_MOMENTUM, HAS_WEIGHT_DECAY, False)
 
 
 @triton.jit(do_not_specialize=["steps", "epoch_steps"])  # one compile for every segment
