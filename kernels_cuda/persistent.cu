@@ -135,17 +135,28 @@ __device__ __forceinline__ float a_elem(const EltT<DT>* a, const i64* rows, int 
         return load_cg<DT>(a + (i64)m * K + k);
 }
 
-// How a product's BMT x BNT outputs fall to THREADS threads: each thread a block of TM x TN in
-// registers, RN threads along n (BNP: BNT rounded up to a power of two). A k reads TM + TN values
-// from shared memory for TM x TN FMAs, where one output a read pair left the product bound by the
-// shared loads (measured: 1.85 us a k-step of 32 at 32 x 32 tiles on 8 warps, FINDINGS).
-template <int BMT, int BNT, int THREADS>
+// k-groups of a product (TileMap): the most, a power of two, that leave each thread at most 8
+// outputs, each group a whole number of warps and at least one k of a k-step, and whose partial
+// tiles but one fit in the product's FLOATS of shared memory.
+__host__ __device__ constexpr int k_groups(int tile, int bk, int threads, int floats, int g = 1) {
+    return 2 * g * tile <= 8 * threads && 2 * g * 32 <= threads && 2 * g <= bk && (2 * g - 1) * tile <= floats
+               ? k_groups(tile, bk, threads, floats, 2 * g)
+               : g;
+}
+
+// How a product's BMT x BNT outputs fall to THREADS threads (BNP: BNT rounded up to a power of
+// two): KG k-groups of GT threads each sum the whole tile over their KG-th of every k-step's BK,
+// each thread of a group a block of TM x TN outputs in registers, RN threads along n. A k reads
+// TM + TN values from shared memory for TM x TN FMAs: with one or two outputs a thread (a small
+// tile on many threads) the shared loads, not the FMAs, bound a k-step, hence the groups.
+template <int BMT, int BNT, int BK, int THREADS, int FLOATS>
 struct TileMap {
-    static constexpr int BNP = pow2_ceil(BNT), OUTS = BMT * BNP / THREADS;
-    static constexpr int TN = OUTS < 4 ? OUTS : 4, TM = OUTS / TN, RN = BNP / TN;
-    static_assert(OUTS >= 1 && OUTS * THREADS == BMT * BNP && THREADS % RN == 0 && THREADS / RN * TM == BMT,
+    static constexpr int BNP = pow2_ceil(BNT), KG = k_groups(BMT * BNP, BK, THREADS, FLOATS), GT = THREADS / KG;
+    static constexpr int OUTS = BMT * BNP / GT, TN = OUTS < 4 ? OUTS : 4, TM = OUTS / TN, RN = BNP / TN;
+    static_assert(OUTS >= 1 && OUTS * GT == BMT * BNP && GT % RN == 0 && GT / RN * TM == BMT && BK % KG == 0,
                   "tile sides powers of two, a tile at least one output a thread");
-    static __device__ __forceinline__ int row(int i) { return threadIdx.x / RN * TM + i; }
+    static __device__ __forceinline__ int group() { return threadIdx.x / GT; }
+    static __device__ __forceinline__ int row(int i) { return threadIdx.x % GT / RN * TM + i; }
     static __device__ __forceinline__ int col(int j) { return threadIdx.x % RN * TN + j; }
 };
 
@@ -161,8 +172,9 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
     }
 }
 
-// out(m, n, sum over k in [k_lo, k_hi), in order, of left(m, k) * right(k, n), early(m, n)) for each
-// output of a BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges.
+// out(m, n, sum over k in [k_lo, k_hi) of left(m, k) * right(k, n), early(m, n)) for each output of
+// a BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. Each
+// k-group sums its k in order, and group 0 adds the groups' sums up in group order and calls out.
 // early(m, n) loads what the output's epilogue reads besides the sum (a bias, a ReLU mask, the
 // weights an update steps): sent for with the first k-steps' operands, it arrives while the
 // product runs rather than after it, a round trip to L2 less on the phase's critical path. LEFT_KC
@@ -176,9 +188,9 @@ template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, ty
           typename Early, typename Out>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
                                         float* smem) {
-    typedef TileMap<BMT, BNT, THREADS> Map;
     typedef ProductSmem<BMT, BNT, BK> S;
-    constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN;
+    typedef TileMap<BMT, BNT, BK, THREADS, S::FLOATS> Map;
+    constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN, KG = Map::KG, GT = Map::GT, KS = BK / KG;
     typedef Staged<BMT * BK, THREADS> LeftRegs;
     typedef Staged<BK * BNP, THREADS> RightRegs;
     // element e of a copy: (row of the tile, its k)
@@ -210,10 +222,11 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     auto k_step = [&](int k0, int stage, LeftRegs& next_l, RightRegs& next_r, LeftRegs& free_l,
                       RightRegs& free_r) {
         if (k0 + 2 * BK < k_hi) fetch(free_l, free_r, k0 + 2 * BK);
-        const float* as = smem + stage * S::STAGE + Map::row(0);
-        const float* bs = smem + stage * S::STAGE + BK * S::LDA + Map::col(0);
+        const int k_first = Map::group() * KS;  // the group's k of the stage
+        const float* as = smem + stage * S::STAGE + k_first * S::LDA + Map::row(0);
+        const float* bs = smem + stage * S::STAGE + BK * S::LDA + k_first * S::LDB + Map::col(0);
 #pragma unroll 8
-        for (int k = 0; k < BK; ++k) {
+        for (int k = 0; k < KS; ++k) {
             float a[TM], b[TN];
             read_shared<TM>(as + k * S::LDA, a);
             read_shared<TN>(bs + k * S::LDB, b);
@@ -235,15 +248,30 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
         fetch(l0, r0, k_lo);
         if (k_lo + BK < k_hi) fetch(l1, r1, k_lo + BK);
     }
+    if (Map::group() == 0) {
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) pre[i][j] = early(Map::row(i), Map::col(j));
+            for (int j = 0; j < TN; ++j) pre[i][j] = early(Map::row(i), Map::col(j));
+    }
     if (k_lo < k_hi) put(l0, r0, 0);
     __syncthreads();
     for (int k0 = k_lo; k0 < k_hi; k0 += 2 * BK) {  // two k-steps a turn: which set is which stays static
         k_step(k0, 0, l1, r1, l0, r0);
         if (k0 + BK < k_hi) k_step(k0 + BK, 1, l0, r0, l1, r1);
+    }
+    if constexpr (KG > 1) {  // the stages are free: the last k-step ended at a barrier
+        const int g = Map::group(), t = threadIdx.x % GT;
+        if (g > 0) {
+#pragma unroll
+            for (int o = 0; o < TM * TN; ++o) smem[((g - 1) * TM * TN + o) * GT + t] = acc[o / TN][o % TN];
+        }
+        __syncthreads();
+        if (g > 0) return;
+#pragma unroll
+        for (int q = 0; q < KG - 1; ++q)
+#pragma unroll
+            for (int o = 0; o < TM * TN; ++o) acc[o / TN][o % TN] += smem[(q * TM * TN + o) * GT + t];
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i)
