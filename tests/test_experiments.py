@@ -470,3 +470,33 @@ def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path
     assert flips.judged(params, losses, ref_losses, ref, paths_, 2) < 1
     flips.LAYOUT.views(params)[2][:16, :16] = flips.LAYOUT.views(p0)[2][:16, :16]
     assert flips.judged(params, losses, ref_losses, ref, paths_, 2) > 100
+
+
+def test_ncu_stalls_sums_each_reason_over_the_instructions(tmp_path, monkeypatch, capsys):
+    """experiments.ncu_stalls on a source page as ncu writes it: each reason's samples summed over
+    the instructions (the "Not Issued" columns apart), shares of the launch's whole; a page with no
+    stall columns or of two kernels is refused in one line."""
+    from experiments import ncu_stalls
+
+    monkeypatch.setattr(paths, "RESULTS", tmp_path / "results")
+    header = ["Address", "Source", "stall_barrier", "stall_long_sb", "stall_barrier (Not Issued)", "stall_math"]
+    counts = torch.randint(0, 50, (7, 3)).tolist()
+    lines = [["Kernel Name", "void train_steps<(int)0>(float *)"], header]
+    lines += [[f"0x{i:04x}", "FFMA R1, R2, R3, R4", b, l, 99, m] for i, (b, l, m) in enumerate(counts)]
+    page = tmp_path / "page.csv"
+    page.write_text("\n".join(",".join(f'"{v}"' for v in line) for line in lines) + "\n")
+    assert ncu_stalls.main([str(page), "--label", "planted"]) == 0
+    rows = pd.read_csv(next((tmp_path / "results").glob("*/ncu_stalls.csv"))).set_index("reason")
+    want = dict(zip(("barrier", "long_sb", "math"), (sum(c[j] for c in counts) for j in range(3))))
+    total = sum(want.values())
+    for reason, samples in want.items():
+        if samples:
+            assert rows.samples[reason] == samples and rows.share[reason] == pytest.approx(samples / total)
+    assert set(rows.kernel) == {"void train_steps<(int)0>"} and set(rows.label) == {"planted"}
+    page.write_text('"Kernel Name","k"\n"Address","Source"\n"0x0","NOP"\n')
+    with pytest.raises(SystemExit):
+        ncu_stalls.main([str(page), "--label", "x"])
+    page.write_text('"Kernel Name","k"\n"Address","stall_math"\n"Kernel Name","k2"\n"Address","stall_math"\n')
+    with pytest.raises(SystemExit):
+        ncu_stalls.main([str(page), "--label", "x"])
+    assert "no stall columns" in capsys.readouterr().err
