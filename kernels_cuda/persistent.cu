@@ -267,7 +267,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
             for (int o = 0; o < TM * TN; ++o) smem[((g - 1) * TM * TN + o) * GT + t] = acc[o / TN][o % TN];
         }
         __syncthreads();
-        if (g > 0) return;
+        if (g > 0) return;  // so no barrier may follow in product, nor in an out() it calls
 #pragma unroll
         for (int q = 0; q < KG - 1; ++q)
 #pragma unroll
