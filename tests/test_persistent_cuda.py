@@ -4,6 +4,7 @@ nvcc builds of the source as NVRTC gets it, for sm_80 and sm_90 at the default p
 L2), the host's shared-memory size against the kernel's, the refusals, and on a GPU the full grid
 against float64 training (tests/test_persistent.py's reference) and against itself (bitwise).
 """
+import itertools
 import os
 import re
 import shutil
@@ -92,6 +93,32 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
         strong = [op for op in ops if op.startswith("LDG.E") and op.endswith(".STRONG.GPU")]
         assert len(strong) > len(arrivals), (dtype, strong)
         assert dtype == "fp32" or "LDG.E.U16.STRONG.GPU" in strong, (dtype, strong)
+
+
+@needs_nvcc
+def test_every_product_of_the_space_maps_its_tile_onto_k_groups(tmp_path):
+    """Each product tile a config of the space can ask for (forward and input gradient BM x BN,
+    update BR x BC, the loss's BL x the classes, at any BK and warps) has a TileMap whose k-groups
+    split BK evenly, whose groups' threads cover the tile once (its static_assert) and whose partial
+    tiles fit the product's shared memory; group 0's threads own the whole tile."""
+    from kernels_core.persistent import SPACE
+
+    sides = sorted(set(SPACE.params["BM"]) | set(SPACE.params["BN"]) | set(SPACE.params["BR"])
+                   | set(SPACE.params["BC"]) | set(SPACE.params["BL"]))
+    tiles = {(m, n) for m in sides for n in sides} | {(bl, PROTOCOL.classes) for bl in SPACE.params["BL"]}
+    checks = []
+    for (bmt, bnt), bk, warps in itertools.product(sorted(tiles), SPACE.params["BK"], SPACE.params["num_warps"]):
+        map_ = f"TileMap<{bmt}, {bnt}, {bk}, {32 * warps}, ProductSmem<{bmt}, {bnt}, {bk}>::FLOATS>"
+        checks.append(f"static_assert({map_}::KG >= 1 && {bk} % {map_}::KG == 0 && "
+                      f"({map_}::KG - 1) * {map_}::BNP * {bmt} <= ProductSmem<{bmt}, {bnt}, {bk}>::FLOATS && "
+                      f"{map_}::GT % 32 == 0 && {map_}::GT * {map_}::KG == {32 * warps}, "
+                      f"\"{bmt} x {bnt}, BK {bk}, {warps} warps\");")
+    source = tmp_path / "maps.cu"
+    source.write_text(rt.source("persistent.cu") + "\n" + "\n".join(checks) + "\n")
+    build = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "maps.cubin"),
+                            str(source)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert len(checks) == len(tiles) * len(SPACE.params["BK"]) * len(SPACE.params["num_warps"])
 
 
 def check_last_slice(ops: list[str]) -> None:
