@@ -22,9 +22,7 @@ import argparse
 import csv
 import sys
 
-import pandas as pd
-
-from experiments.paths import results_dir
+from experiments.paths import add_results
 from kernels_core.provenance import provenance
 
 PREFIX = "stall_"
@@ -67,14 +65,11 @@ def main(argv=None) -> int:
     total = sum(samples.values())
     if total == 0:
         p.error(f"{args.source_csv}: no samples")
-    rows = pd.DataFrame([dict(label=args.label, kernel=without_parameters(kernel), reason=r, samples=int(s), share=s / total,
-                              **provenance()) for r, s in sorted(samples.items(), key=lambda x: -x[1]) if s > 0])
-    path = results_dir() / "ncu_stalls.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(path, mode="a", header=not path.exists(), index=False)
-    for r in rows.itertuples():
-        print(f"{r.reason:>18} {r.share:6.1%}")
-    print(f"rows: {path}")
+    rows = [dict(label=args.label, kernel=without_parameters(kernel), reason=r, samples=int(s), share=s / total,
+                 **provenance()) for r, s in sorted(samples.items(), key=lambda x: -x[1]) if s > 0]
+    for r in rows:
+        print(f"{r['reason']:>18} {r['share']:6.1%}")
+    add_results(rows, "ncu_stalls.csv")
     return 0
 
 

@@ -23,3 +23,16 @@ def write_results(rows: list[dict], name: str) -> Path:
     pd.DataFrame(rows).to_csv(out, index=False)
     print(f"rows: {out}")
     return out
+
+
+def add_results(rows: list[dict], name: str) -> Path:
+    """`rows` added after this machine's results file `name`'s earlier rows (columns matched by
+    name), said on stdout."""
+    import pandas as pd
+
+    out = results_dir() / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    earlier = pd.read_csv(out) if out.exists() else pd.DataFrame()
+    pd.concat([earlier, pd.DataFrame(rows)]).to_csv(out, index=False)
+    print(f"rows: {out}")
+    return out

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 
-import pandas as pd
 import torch
 
-from experiments.paths import results_dir
+from experiments.paths import add_results
 from kernels_core.persistent import Layout
 from kernels_core.provenance import provenance
 from kernels_core.reference import mlp_steps
@@ -97,11 +96,7 @@ def main(argv=None) -> None:
     for r in rows:
         print(f"{r['twin']} {r['config']}: {r['failed']} of {r['draws']} draws failed, the worst "
               f"{r['worst_of_allowed']:.3g} of what the check allows")
-    out = results_dir() / "persistent_flips.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    earlier = pd.read_csv(out) if out.exists() else pd.DataFrame()
-    pd.concat([earlier, pd.DataFrame(rows)]).to_csv(out, index=False)
-    print(f"rows: {out}")
+    add_results(rows, "persistent_flips.csv")
 
 
 if __name__ == "__main__":

@@ -437,8 +437,10 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
                                        float weight_decay, float* smem) {
     constexpr int TILES_C = cdiv_c(N, BC);
     const int block = t / TILES_C, r0 = block * BR, c0 = (t % TILES_C) * BC;
-    const float wd = HAS_WEIGHT_DECAY ? weight_decay : 0.f;  // a constant 0 compiles sgd_step's term away
-    auto sgd = [&](i64 at) { return SgdArgs<EltT<DT>>{HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd}; };
+    const float wd = HAS_WEIGHT_DECAY ? weight_decay : 0.f;  // a constant 0 compiles sgd_apply's term away
+    auto sgd = [&](i64 at) {
+        return SgdArgs<EltT<DT>>{HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd};
+    };
     product<BR, BC, BK, THREADS, false, false>(
         0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
         [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from kernels_core.persistent import DEFAULT, Layout, barriers_per_step, check_inputs
+from kernels_core.persistent import DEFAULT, SPACE, Layout, barriers_per_step, check_inputs
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
@@ -101,8 +101,6 @@ def test_every_product_of_the_space_maps_its_tile_onto_k_groups(tmp_path):
     update BR x BC, the loss's BL x the classes, at any BK and warps) has a TileMap whose k-groups
     split BK evenly, whose groups' threads cover the tile once (its static_assert) and whose partial
     tiles fit the product's shared memory; group 0's threads own the whole tile."""
-    from kernels_core.persistent import SPACE
-
     sides = sorted(set(SPACE.params["BM"]) | set(SPACE.params["BN"]) | set(SPACE.params["BR"])
                    | set(SPACE.params["BC"]) | set(SPACE.params["BL"]))
     tiles = {(m, n) for m in sides for n in sides} | {(bl, PROTOCOL.classes) for bl in SPACE.params["BL"]}
