@@ -172,6 +172,11 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
     }
 }
 
+// product's staged hook by default: nothing sees the stages.
+struct Unseen {
+    __device__ __forceinline__ void operator()(const float*, int) const {}
+};
+
 // out(m, n, sum over k in [k_lo, k_hi) of left(m, k) * right(k, n), early(m, n)) for each output of
 // a BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. Each
 // k-group sums its k in order, and group 0 adds the groups' sums up in group order and calls out.
@@ -183,11 +188,13 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
 // and two sets of registers: while a k-step's FMAs run, the next k-step's operands (loaded one
 // k-step earlier) wait in one set and the one after's are loaded into the other, so each load has
 // two k-steps to arrive (the first layer's rows of x come from memory, not L2); then the next
-// k-step's set is stored into the other stage, one __syncthreads a k-step.
+// k-step's set is stored into the other stage, one __syncthreads a k-step. staged(right, ld), if
+// given, sees each k-step's tile of the right operand while its stage is live (row k at right + k
+// * ld holds right(k0 + k, n) for n < BNT, zeros past the operand's edges).
 template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
-          typename Early, typename Out>
+          typename Early, typename Out, typename Seen = Unseen>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
-                                        float* smem) {
+                                        float* smem, Seen staged = Seen()) {
     typedef ProductSmem<BMT, BNT, BK> S;
     typedef TileMap<BMT, BNT, BK, THREADS, S::FLOATS> Map;
     constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN, KG = Map::KG, GT = Map::GT, KS = BK / KG;
@@ -235,6 +242,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
+        staged(smem + stage * S::STAGE + BK * S::LDA, S::LDB);
         // The other stage was last read in the k-step before, which every thread finished before
         // the barrier that ended it.
         if (k0 + BK < k_hi) put(next_l, next_r, stage ^ 1);
@@ -429,7 +437,9 @@ __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, co
 // Tile t (BR x BC) of a layer's weights w (K x N) takes its SGD step (fused.cuh's sgd_step, the
 // rule of optim.cu) with the gradient a^T @ d, the batch BK rows at a time: a (M x K) the layer's
 // input (GATHER: rows of the dataset), d (M x N) its output's gradient; the tiles of row block 0
-// update b with d's column sums.
+// update b with d's column sums (fused.cuh's BiasGrad, as linear_sgd's): added from the product's
+// stages of d while they are live, the bias lines sent for before the product, so the bias costs
+// those tiles no trip to L2 after it.
 template <int DT, int M, int K, int N, int BR, int BC, int BK, int THREADS, bool GATHER, int HAS_MOMENTUM,
           int HAS_WEIGHT_DECAY>
 __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const EltT<DT>* d, float* w, float* b,
@@ -441,6 +451,8 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     auto sgd = [&](i64 at) {
         return SgdArgs<EltT<DT>>{HAS_MOMENTUM ? w_buf + at : nullptr, nullptr, lr, momentum, wd};
     };
+    BiasGrad<BC, THREADS> bias;
+    if (block == 0) bias.prefetch(b, HAS_MOMENTUM ? b_buf : nullptr, c0, N);
     product<BR, BC, BK, THREADS, false, false>(
         0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
         [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },
@@ -457,14 +469,10 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
                 sgd_apply<DT, 1>(w + at, sgd(at), g, in, 1, false);
             }
         },
-        smem);
-    if (block == 0) {
-        for (int c = c0 + threadIdx.x; c < c0 + BC && c < N; c += THREADS) {
-            float g[1] = {0.f};
-            for (int m = 0; m < M; ++m) g[0] += load_cg<DT>(d + (i64)m * N + c);
-            sgd_step<DT, 1>(b + c, {HAS_MOMENTUM ? b_buf + c : nullptr, nullptr, lr, momentum, wd}, g, 1, false);
-        }
-    }
+        smem, [&](const float* right, int ld) {
+            if (block == 0) bias.template add<BK>([&](int k, int c) { return right[k * ld + c]; });
+        });
+    if (block == 0) bias.template step<DT>(b, c0, N, {HAS_MOMENTUM ? b_buf : nullptr, nullptr, lr, momentum, wd});
 }
 
 // The grid barrier after a phase; with STAMPS, block 0 then writes the GPU's nanosecond clock to
