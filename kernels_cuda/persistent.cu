@@ -172,6 +172,15 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
     }
 }
 
+// How many k-steps' operands a product keeps in flight in registers (product's sets): 4 where it
+// runs 3 or more k-steps and the 4 sets take at most 64 floats a thread, else 2. Where a k-step's
+// FMAs are short next to a load's trip (every phase here), each k-step waits for its operands; with
+// 2 sets each load has two k-steps to arrive, so a chain of n k-steps waits about n / 2 trips, with
+// 4 about n / 4 (and a chain of 3 or 4, the first layer's slices, one).
+__host__ __device__ constexpr int prefetch_sets(int k_steps, int set_floats) {
+    return k_steps >= 3 && 4 * set_floats <= 64 ? 4 : 2;
+}
+
 // product's staged hook by default: nothing sees the stages.
 struct Unseen {
     __device__ __forceinline__ void operator()(const float*, int) const {}
@@ -185,14 +194,15 @@ struct Unseen {
 // product runs rather than after it, a round trip to L2 less on the phase's critical path. LEFT_KC
 // (RIGHT_KC): k runs along the operand's memory, so a copy's consecutive elements step along k,
 // else along m (n): either way consecutive threads load consecutive addresses. Two shared stages
-// and two sets of registers: while a k-step's FMAs run, the next k-step's operands (loaded one
-// k-step earlier) wait in one set and the one after's are loaded into the other, so each load has
-// two k-steps to arrive (the first layer's rows of x come from memory, not L2); then the next
-// k-step's set is stored into the other stage, one __syncthreads a k-step. staged(right, ld), if
+// and SETS sets of registers (prefetch_sets, for the most k-steps a call runs, K_STEPS): while a
+// k-step's FMAs run, the next k-steps' operands wait in SETS - 1 sets and the one SETS k-steps on is
+// loaded into the set just stored, so each load has SETS k-steps to arrive (the first layer's rows
+// of x come from memory, not L2); then the next k-step's set is stored into the other stage, one
+// __syncthreads a k-step. staged(right, ld), if
 // given, sees each k-step's tile of the right operand while its stage is live (row k at right + k
 // * ld holds right(k0 + k, n) for n < BNT, zeros past the operand's edges).
-template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
-          typename Early, typename Out, typename Seen = Unseen>
+template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, int K_STEPS, typename Left,
+          typename Right, typename Early, typename Out, typename Seen = Unseen>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
                                         float* smem, Seen staged = Seen()) {
     typedef ProductSmem<BMT, BNT, BK> S;
@@ -200,6 +210,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN, KG = Map::KG, GT = Map::GT, KS = BK / KG;
     typedef Staged<BMT * BK, THREADS> LeftRegs;
     typedef Staged<BK * BNP, THREADS> RightRegs;
+    constexpr int SETS = prefetch_sets(K_STEPS, LeftRegs::EACH + RightRegs::EACH);
     // element e of a copy: (row of the tile, its k)
     auto left_at = [](int e) { return LEFT_KC ? int2{e / BK, e % BK} : int2{e % BMT, e / BMT}; };
     auto right_at = [](int e) { return RIGHT_KC ? int2{e / BK, e % BK} : int2{e % BNP, e / BNP}; };
@@ -225,10 +236,11 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
         });
     };
     float acc[TM][TN] = {};
-    // k-step k0 from `stage`: `next` holds k0 + BK's operands (in flight), `free` takes k0 + 2 BK's.
+    // k-step k0 from `stage`: `next` holds k0 + BK's operands (in flight), `free` (k0's, stored)
+    // takes k0 + SETS BK's.
     auto k_step = [&](int k0, int stage, LeftRegs& next_l, RightRegs& next_r, LeftRegs& free_l,
                       RightRegs& free_r) {
-        if (k0 + 2 * BK < k_hi) fetch(free_l, free_r, k0 + 2 * BK);
+        if (k0 + SETS * BK < k_hi) fetch(free_l, free_r, k0 + SETS * BK);
         const int k_first = Map::group() * KS;  // the group's k of the stage
         const float* as = smem + stage * S::STAGE + k_first * S::LDA + Map::row(0);
         const float* bs = smem + stage * S::STAGE + BK * S::LDA + k_first * S::LDB + Map::col(0);
@@ -248,25 +260,26 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
         if (k0 + BK < k_hi) put(next_l, next_r, stage ^ 1);
         __syncthreads();
     };
-    LeftRegs l0, l1;
-    RightRegs r0, r1;
+    LeftRegs l[SETS];
+    RightRegs r[SETS];
     decltype(early(0, 0)) pre[TM][TN];
     __syncthreads();  // the last tile's (or phase's) reads of shared memory are done
-    if (k_lo < k_hi) {
-        fetch(l0, r0, k_lo);
-        if (k_lo + BK < k_hi) fetch(l1, r1, k_lo + BK);
-    }
+#pragma unroll
+    for (int i = 0; i < SETS; ++i)
+        if (k_lo + i * BK < k_hi) fetch(l[i], r[i], k_lo + i * BK);
     if (Map::group() == 0) {
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
             for (int j = 0; j < TN; ++j) pre[i][j] = early(Map::row(i), Map::col(j));
     }
-    if (k_lo < k_hi) put(l0, r0, 0);
+    if (k_lo < k_hi) put(l[0], r[0], 0);
     __syncthreads();
-    for (int k0 = k_lo; k0 < k_hi; k0 += 2 * BK) {  // two k-steps a turn: which set is which stays static
-        k_step(k0, 0, l1, r1, l0, r0);
-        if (k0 + BK < k_hi) k_step(k0 + BK, 1, l0, r0, l1, r1);
+    static_assert(SETS % 2 == 0, "a turn's k-steps alternate the two stages");
+    for (int k0 = k_lo; k0 < k_hi; k0 += SETS * BK) {  // SETS k-steps a turn: which set is which stays static
+#pragma unroll
+        for (int i = 0; i < SETS; ++i)
+            if (k0 + i * BK < k_hi) k_step(k0 + i * BK, i % 2, l[(i + 1) % SETS], r[(i + 1) % SETS], l[i], r[i]);
     }
     if constexpr (KG > 1) {  // the stages are free: the last k-step ended at a barrier
         const int g = Map::group(), t = threadIdx.x % GT;
@@ -300,7 +313,7 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
     constexpr int TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N, K_STEPS = cdiv_c(K, BK);
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-        product<BM, BN, BK, THREADS, true, false>(
+        product<BM, BN, BK, THREADS, true, false, cdiv_c(K_STEPS, SPLIT)>(
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
             [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
@@ -367,7 +380,7 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             const int r = tid + i * THREADS;
             labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
         }
-        product<BL, N, BK, THREADS, true, false>(
+        product<BL, N, BK, THREADS, true, false, cdiv_c(K, BK)>(
             0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
             [&](int k, int n) { return k < K && n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; },
             [&](int m, int n) { return n < N ? ldcg1(b + n) : 0.f; },  // the bias
@@ -420,7 +433,7 @@ __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, co
                                            float* smem) {
     constexpr int TILES_K = cdiv_c(K, BN);
     const int m0 = (t / TILES_K) * BM, k0 = (t % TILES_K) * BN;
-    product<BM, BN, BK, THREADS, true, true>(
+    product<BM, BN, BK, THREADS, true, true, cdiv_c(N, BK)>(
         0, N, [&](int m, int n) { return m0 + m < M && n < N ? load_cg<DT>(d + (i64)(m0 + m) * N + n) : 0.f; },
         [&](int n, int k) { return n < N && k0 + k < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n)) : 0.f; },
         [&](int m, int k) {  // the ReLU mask
@@ -453,7 +466,7 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     };
     BiasGrad<BC, THREADS> bias;
     if (block == 0) bias.prefetch(b, HAS_MOMENTUM ? b_buf : nullptr, c0, N);
-    product<BR, BC, BK, THREADS, false, false>(
+    product<BR, BC, BK, THREADS, false, false, cdiv_c(M, BK)>(
         0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
         [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },
         [&](int r, int c) {  // the weight and its momentum
