@@ -38,7 +38,7 @@
 // of W, its momentum buffer and (row block 0) its bias are updated by the same block every step:
 // plain loads there; x, y and batches are written by no one.
 //
-// Shared memory (dynamic: the step's rows and the largest phase's; kernels_cuda/persistent.py's
+// Shared memory (dynamic: two steps' rows and the largest phase's; kernels_cuda/persistent.py's
 // smem_bytes mirrors PersistentSmem, held to it by static_asserts in tests/test_persistent_cuda.py's
 // build): see PersistentSmem.
 #include "dtypes.cuh"
@@ -64,14 +64,15 @@ struct ProductSmem {
     static constexpr int LDA = BMT + 4, LDB = pow2_ceil(BNT) + 4, STAGE = BK * (LDA + LDB), FLOATS = 2 * STAGE;
 };
 
-// Floats of shared memory a block uses; the host sizes the launch with its mirror. First the step's
-// M batch rows (int64, 2 floats each, rounded up to 16 bytes), staged once a step, so a gathered
-// load of x waits for one round trip, not for the row's index and then the row; then the largest
+// Floats of shared memory a block uses; the host sizes the launch with its mirror. First two steps'
+// M batch rows (int64, 2 floats each, each step's rounded up to 16 bytes): a step's rows are staged
+// during the step before (train_steps), so a gathered load of x waits for one round trip, not for
+// the row's index and then the row, and the step's start waits for neither; then the largest
 // phase's: a product's stages (ProductSmem); the loss keeps its rows' logits, their gradient and
 // losses past those, and stages BN rows of W_L (its dx step) where the product's were.
 template <int M, int OUT, int BM, int BN, int BK, int BR, int BC, int BL>
 struct PersistentSmem {
-    static constexpr int ROWS = 4 * cdiv_c(2 * M, 4);
+    static constexpr int ROW_STEP = 4 * cdiv_c(2 * M, 4), ROWS = 2 * ROW_STEP;
     static constexpr int FORWARD = ProductSmem<BM, BN, BK>::FLOATS;
     static constexpr int UPDATE = ProductSmem<BR, BC, BK>::FLOATS;
     static constexpr int LOSS = max_c(ProductSmem<BL, OUT, BK>::FLOATS, BN * OUT) + 2 * BL * OUT + BL;
@@ -196,11 +197,10 @@ struct Unseen {
 // else along m (n): either way consecutive threads load consecutive addresses. Two shared stages
 // and SETS sets of registers (prefetch_sets, for the most k-steps a call runs, K_STEPS): while a
 // k-step's FMAs run, the next k-steps' operands wait in SETS - 1 sets and the one SETS k-steps on is
-// loaded into the set just stored, so each load has SETS k-steps to arrive (the first layer's rows
-// of x come from memory, not L2); then the next k-step's set is stored into the other stage, one
-// __syncthreads a k-step. staged(right, ld), if
-// given, sees each k-step's tile of the right operand while its stage is live (row k at right + k
-// * ld holds right(k0 + k, n) for n < BNT, zeros past the operand's edges).
+// loaded into the set just stored, so each load has SETS k-steps to arrive; then the next k-step's
+// set is stored into the other stage, one __syncthreads a k-step. staged(right, ld), if given, sees
+// each k-step's tile of the right operand while its stage is live (row k at right + k * ld holds
+// right(k0 + k, n) for n < BNT, zeros past the operand's edges).
 template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, int K_STEPS, typename Left,
           typename Right, typename Early, typename Out, typename Seen = Unseen>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
@@ -511,8 +511,8 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
             EltT<DT>* grads, float* part, int* counts, float* slots, float* losses, u32* counter, i64* pos, i64* stamps,
             int steps, int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float shared[];
-    i64* const rows = reinterpret_cast<i64*>(shared);  // the step's batch rows (PersistentSmem)
-    float* const smem = shared + PersistentSmem<M, OUT, BM, BN, BK, BR, BC, BL>::ROWS;  // the phases'
+    typedef PersistentSmem<M, OUT, BM, BN, BK, BR, BC, BL> Smem;
+    float* const smem = shared + Smem::ROWS;  // the phases'
     constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
     constexpr int W1 = IN * H + H, W_LAST = W1 + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
     constexpr int N1 = LAYERS == 1 ? OUT : H;  // W_1's columns
@@ -522,10 +522,16 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     if (STAMPS && blockIdx.x == 0 && threadIdx.x == 0) stamps[0] = (i64)globaltimer();
     const i64 first = *pos;
     u32 arrivals = 0;
+    constexpr int ROWS_EACH = cdiv_c(M, THREADS);
+    for (int i = threadIdx.x; i < M; i += THREADS)  // the first step's rows; each later step's come ahead
+        reinterpret_cast<i64*>(shared)[i] = batches[first % epoch_steps * M + i];
     for (int step = 0; step < steps; ++step) {
         const i64 s = (first + step) % epoch_steps;
-        // the last step's readers of `rows` passed its final barrier, whose threads meet first
-        for (int i = threadIdx.x; i < M; i += THREADS) rows[i] = batches[s * M + i];
+        // rows: this step's batch rows, staged during the step before (the first step's above);
+        // next_rows: the next step's, staged during this step's loss phase where the last step's
+        // were, whose readers passed its final barrier.
+        i64* const rows = reinterpret_cast<i64*>(shared + step % 2 * Smem::ROW_STEP);
+        i64* const next_rows = reinterpret_cast<i64*>(shared + (step + 1) % 2 * Smem::ROW_STEP);
         __syncthreads();
         forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K>(x, rows, params, params + IN * H, acts, part,
                                                                   counts, smem);
@@ -537,9 +543,28 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
                                                                 smem);
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
+        i64 ahead[ROWS_EACH];  // the next step's rows, sent for before the loss and stored after it
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = threadIdx.x + i * THREADS;
+            ahead[i] = r < M ? batches[(s + 1) % epoch_steps * M + r] : 0;
+        }
         loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,
                                                  d_last, grads + (LAYERS - 1) * MH, slots, inv_m, smem);
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = threadIdx.x + i * THREADS;
+            if (r < M) next_rows[r] = ahead[i];
+        }
         end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
+        // The next step's rows of x and their labels, sent for into L2 now (row r by block r mod
+        // the grid), two or more phases before the next step's first reads them from memory.
+        for (int r = blockIdx.x; r < M; r += gridDim.x) {
+            const u64 from = (u64)(x + next_rows[r] * IN), to = (u64)(x + (next_rows[r] + 1) * IN);  // bytes
+            for (u64 line = from / 128 + threadIdx.x; line <= (to - 1) / 128; line += THREADS)
+                prefetch_l2(reinterpret_cast<const void*>(line * 128));
+            if (threadIdx.x == 0) prefetch_l2(y + next_rows[r]);
+        }
         if (blockIdx.x == 0 && threadIdx.x == 0) {  // the step's loss: the row blocks' sums in slot order
             float total = 0.f;
             for (int i = 0; i < cdiv_c(M, BL); ++i) total += ldcg1(slots + i);

@@ -28,7 +28,8 @@ def smem_bytes(cfg: dict, layout: Layout) -> int:
         return 2 * bk * (rows + 4 + (1 << (cols - 1).bit_length()) + 4)
 
     loss = max(product(cfg["BL"], out), cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
-    return 4 * (4 * cdiv(2 * layout.batch, 4) + max(product(cfg["BM"], cfg["BN"]), product(cfg["BR"], cfg["BC"]), loss))
+    rows = 2 * 4 * cdiv(2 * layout.batch, 4)  # two steps' int64 rows, each rounded up to 16 bytes
+    return 4 * (rows + max(product(cfg["BM"], cfg["BN"]), product(cfg["BR"], cfg["BC"]), loss))
 
 
 def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,

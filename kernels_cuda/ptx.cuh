@@ -78,4 +78,7 @@ __device__ __forceinline__ u16 ldcg1(const u16* p) {
 // Sends for p's line into L1 and goes on: a read of it later finds it there.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
+// Sends for p's line into L2 and goes on: a read of it later, from any multiprocessor, finds it there.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 #endif  // KERNELS_CUDA_PTX_CUH
