@@ -80,9 +80,10 @@ struct PersistentSmem {
 };
 
 // A thread's share of a SIZE-element copy into shared memory, element e = i * THREADS + tid:
-// load(e) for all of them into registers, later store(e, value) for all, so that a thread's loads
-// are in flight together (the .cg loads are volatile asm, which the compiler keeps in program
-// order) and, in a product, while the last k-step's FMAs run.
+// load(e, e < SIZE) for all of them into registers (a loader returns 0 where its `in` is false),
+// later store(e, value) for all, so that a thread's loads are in flight together (the .cg loads
+// are volatile asm, which the compiler keeps in program order) and, in a product, while the last
+// k-step's FMAs run.
 template <int SIZE, int THREADS>
 struct Staged {
     static constexpr int EACH = cdiv_c(SIZE, THREADS);
@@ -93,7 +94,7 @@ struct Staged {
 #pragma unroll
         for (int i = 0; i < EACH; ++i) {
             const int e = i * THREADS + threadIdx.x;
-            v[i] = e < SIZE ? load(e) : 0.f;
+            v[i] = load(e, e < SIZE);
         }
     }
 
@@ -114,10 +115,11 @@ __device__ __forceinline__ u64 globaltimer() {
     return t;
 }
 
-// Another block wrote it during this launch: through L2 (ptx.cuh's ldcg1).
+// *p where `in`, else 0; another block wrote it during this launch: through L2 (ptx.cuh's
+// ldcg1_if, a predicated load).
 template <int DT>
-__device__ __forceinline__ float load_cg(const EltT<DT>* p) {
-    return Elt<DT>::load(ldcg1(p));
+__device__ __forceinline__ float load_cg(bool in, const EltT<DT>* p) {
+    return Elt<DT>::load(ldcg1_if(in, p));
 }
 
 // An fp32 weight as the products read it: rounded to the activations' dtype.
@@ -126,14 +128,14 @@ __device__ __forceinline__ float as_operand(float w) {
     return Elt<DT>::load(Elt<DT>::store(w));
 }
 
-// Element k of the batch's row m of a (M x K): x[rows[m]] in place (GATHER: the dataset, which
-// nothing writes) or a scratch activation (written by other blocks).
+// Element k of the batch's row m of a (M x K) where `in`, else 0: x[rows[m]] in place (GATHER: the
+// dataset, which nothing writes) or a scratch activation (written by other blocks).
 template <int DT, int K, bool GATHER>
-__device__ __forceinline__ float a_elem(const EltT<DT>* a, const i64* rows, int m, int k) {
+__device__ __forceinline__ float a_elem(const EltT<DT>* a, const i64* rows, int m, int k, bool in) {
     if constexpr (GATHER)
-        return Elt<DT>::load(a[rows[m] * K + k]);
+        return in ? Elt<DT>::load(a[rows[m] * K + k]) : 0.f;
     else
-        return load_cg<DT>(a + (i64)m * K + k);
+        return load_cg<DT>(in, a + (i64)m * K + k);
 }
 
 // k-groups of a product (TileMap): the most, a power of two, that leave each thread at most 8
@@ -188,7 +190,8 @@ struct Unseen {
 };
 
 // out(m, n, sum over k in [k_lo, k_hi) of left(m, k) * right(k, n), early(m, n)) for each output of
-// a BMT x BNT tile (TileMap's, n < BNT); the loaders return 0 past their operand's edges. Each
+// a BMT x BNT tile (TileMap's, n < BNT); the loaders, left(m, k, in) and right(k, n, in), return 0
+// where `in` is false and past their operand's edges, through predicated loads (ldcg1_if). Each
 // k-group sums its k in order, and group 0 adds the groups' sums up in group order and calls out.
 // early(m, n) loads what the output's epilogue reads besides the sum (a bias, a ReLU mask, the
 // weights an update steps): sent for with the first k-steps' operands, it arrives while the
@@ -215,13 +218,13 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     auto left_at = [](int e) { return LEFT_KC ? int2{e / BK, e % BK} : int2{e % BMT, e / BMT}; };
     auto right_at = [](int e) { return RIGHT_KC ? int2{e / BK, e % BK} : int2{e % BNP, e / BNP}; };
     auto fetch = [&](LeftRegs& l, RightRegs& r, int k0) {
-        l.load([&](int e) {
+        l.load([&](int e, bool in) {
             const int2 at = left_at(e);
-            return k0 + at.y < k_hi ? left(at.x, k0 + at.y) : 0.f;
+            return left(at.x, k0 + at.y, in && k0 + at.y < k_hi);
         });
-        r.load([&](int e) {
+        r.load([&](int e, bool in) {
             const int2 at = right_at(e);
-            return k0 + at.y < k_hi ? right(k0 + at.y, at.x) : 0.f;
+            return right(k0 + at.y, at.x, in && k0 + at.y < k_hi);
         });
     };
     auto put = [&](const LeftRegs& l, const RightRegs& r, int stage) {
@@ -315,9 +318,11 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
         product<BM, BN, BK, THREADS, true, false, cdiv_c(K_STEPS, SPLIT)>(
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
-            [&](int m, int k) { return m0 + m < M && k < K ? a_elem<DT, K, GATHER>(a, rows, m0 + m, k) : 0.f; },
-            [&](int k, int n) { return k < K && n0 + n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n0 + n)) : 0.f; },
-            [&](int m, int n) { return SPLIT == 1 && n0 + n < N ? ldcg1(b + n0 + n) : 0.f; },  // the bias
+            [&](int m, int k, bool in) { return a_elem<DT, K, GATHER>(a, rows, m0 + m, k, in && m0 + m < M && k < K); },
+            [&](int k, int n, bool in) {
+                return as_operand<DT>(ldcg1_if(in && k < K && n0 + n < N, w + (i64)k * N + n0 + n));
+            },
+            [&](int m, int n) { return ldcg1_if(SPLIT == 1 && n0 + n < N, b + n0 + n); },  // the bias
             [&](int m, int n, float v, float bias) {
                 m += m0, n += n0;
                 if (m < M && n < N) {
@@ -366,12 +371,13 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
         // Loaded now, so that they arrive while the product runs: BN rows of w (stored once the
         // product is done with its stages), dx's ReLU mask (its tile of a) and the rows' labels.
         Staged<BN * N, THREADS> w_rows;
-        w_rows.load(
-            [&](int e) { return k0 + e / N < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + e / N) * N + e % N)) : 0.f; });
+        w_rows.load([&](int e, bool in) {
+            return as_operand<DT>(ldcg1_if(in && k0 + e / N < K, w + (i64)(k0 + e / N) * N + e % N));
+        });
         Staged<BL * BN, THREADS> mask;
-        mask.load([&](int e) {
+        mask.load([&](int e, bool in) {
             const int m = m0 + e / BN, k = k0 + e % BN;
-            return m < M && k < K ? load_cg<DT>(a + (i64)m * K + k) : 0.f;
+            return load_cg<DT>(in && m < M && k < K, a + (i64)m * K + k);
         });
         constexpr int ROWS_EACH = cdiv_c(BL, THREADS);
         i64 labels[ROWS_EACH];
@@ -381,9 +387,9 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
         }
         product<BL, N, BK, THREADS, true, false, cdiv_c(K, BK)>(
-            0, K, [&](int m, int k) { return m0 + m < M && k < K ? load_cg<DT>(a + (i64)(m0 + m) * K + k) : 0.f; },
-            [&](int k, int n) { return k < K && n < N ? as_operand<DT>(ldcg1(w + (i64)k * N + n)) : 0.f; },
-            [&](int m, int n) { return n < N ? ldcg1(b + n) : 0.f; },  // the bias
+            0, K, [&](int m, int k, bool in) { return load_cg<DT>(in && m0 + m < M && k < K, a + (i64)(m0 + m) * K + k); },
+            [&](int k, int n, bool in) { return as_operand<DT>(ldcg1_if(in && k < K && n < N, w + (i64)k * N + n)); },
+            [&](int m, int n) { return ldcg1_if(n < N, b + n); },  // the bias
             [&](int m, int n, float v, float bias) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + bias)); },
             smem);
         __syncthreads();  // the logits are whole
@@ -434,11 +440,13 @@ __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, co
     constexpr int TILES_K = cdiv_c(K, BN);
     const int m0 = (t / TILES_K) * BM, k0 = (t % TILES_K) * BN;
     product<BM, BN, BK, THREADS, true, true, cdiv_c(N, BK)>(
-        0, N, [&](int m, int n) { return m0 + m < M && n < N ? load_cg<DT>(d + (i64)(m0 + m) * N + n) : 0.f; },
-        [&](int n, int k) { return n < N && k0 + k < K ? as_operand<DT>(ldcg1(w + (i64)(k0 + k) * N + n)) : 0.f; },
+        0, N, [&](int m, int n, bool in) { return load_cg<DT>(in && m0 + m < M && n < N, d + (i64)(m0 + m) * N + n); },
+        [&](int n, int k, bool in) {
+            return as_operand<DT>(ldcg1_if(in && n < N && k0 + k < K, w + (i64)(k0 + k) * N + n));
+        },
         [&](int m, int k) {  // the ReLU mask
             m += m0, k += k0;
-            return m < M && k < K ? load_cg<DT>(a + (i64)m * K + k) : 0.f;
+            return load_cg<DT>(m < M && k < K, a + (i64)m * K + k);
         },
         [&](int m, int k, float v, float a_value) {
             m += m0, k += k0;
@@ -467,8 +475,8 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     BiasGrad<BC, THREADS> bias;
     if (block == 0) bias.prefetch(b, HAS_MOMENTUM ? b_buf : nullptr, c0, N);
     product<BR, BC, BK, THREADS, false, false, cdiv_c(M, BK)>(
-        0, M, [&](int r, int m) { return r0 + r < K && m < M ? a_elem<DT, K, GATHER>(a, rows, m, r0 + r) : 0.f; },
-        [&](int m, int c) { return m < M && c0 + c < N ? load_cg<DT>(d + (i64)m * N + c0 + c) : 0.f; },
+        0, M, [&](int r, int m, bool in) { return a_elem<DT, K, GATHER>(a, rows, m, r0 + r, in && r0 + r < K && m < M); },
+        [&](int m, int c, bool in) { return load_cg<DT>(in && m < M && c0 + c < N, d + (i64)m * N + c0 + c); },
         [&](int r, int c) {  // the weight and its momentum
             r += r0, c += c0;
             const i64 at = (i64)r * N + c;

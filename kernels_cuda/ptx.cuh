@@ -75,6 +75,23 @@ __device__ __forceinline__ u16 ldcg1(const u16* p) {
     return r;
 }
 
+// ldcg1(p) where `in`, else 0: one predicated load. A volatile asm behind a condition compiles to a
+// branch around it (a convergence barrier and up to three branches an element in a tile's copy),
+// so a copy of many elements with edges to check passes its predicate into the load instead.
+__device__ __forceinline__ float ldcg1_if(bool in, const float* p) {
+    float r;
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n mov.b32 %0, 0;\n @q ld.global.cg.f32 %0, [%1];\n}"
+                 : "=f"(r) : "l"(p), "r"((int)in));
+    return r;
+}
+
+__device__ __forceinline__ u16 ldcg1_if(bool in, const u16* p) {
+    u16 r;
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n mov.b16 %0, 0;\n @q ld.global.cg.u16 %0, [%1];\n}"
+                 : "=h"(r) : "l"(p), "r"((int)in));
+    return r;
+}
+
 // Sends for p's line into L1 and goes on: a read of it later finds it there.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
