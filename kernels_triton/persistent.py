@@ -91,6 +91,25 @@ def _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS: tl.cons
 
 
 @triton.jit
+def _prefetch_rows(x_ptr, y_ptr, rows, IN: tl.constexpr, LINES: tl.constexpr):
+    """Sends for x's rows `rows` (row-major, IN elements a row) and their labels into L2
+    (prefetch.global.L2) and goes on: every 128-byte line a row touches holds one of the LINES points
+    128 bytes apart from its start (the last clamped to its end)."""
+    step: tl.constexpr = 1024 // x_ptr.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+    at = tl.minimum(tl.arange(0, LINES) * step, IN - 1)
+    lines = x_ptr + rows.to(tl.int64)[:, None] * IN + at[None, :]
+    _prefetch_l2(lines)
+    _prefetch_l2(y_ptr + rows)
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """prefetch.global.L2 at each pointer: sends for its line and goes on."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _source_rows(rows_ptr, offs, mask, GATHER: tl.constexpr):
     """Which rows of a layer's input the batch's rows `offs` are: the dataset's rows[offs] (GATHER)
     or the scratch's own."""
@@ -292,6 +311,7 @@ def _train_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
     NP: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STAMPS: tl.constexpr,
+    PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINES: tl.constexpr,
 ):
     """`steps` steps from the epoch's slot *pos_ptr on (wrapping at epoch_steps), then *pos_ptr +=
     steps (the module docstring)."""
@@ -319,10 +339,15 @@ def _train_kernel(
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         w_last = W1 + (LAYERS - 1) * (H * H + H)
+        if PREFETCH:  # the next step's rows this program sends for (row r by program r mod programs)
+            ahead = pid + tl.arange(0, AHEAD) * programs
+            ahead_rows = tl.load(batches_ptr + (s + 1) % epoch_steps * M + ahead, mask=ahead < M, other=0)
         _loss(acts_ptr + (LAYERS - 1) * MH, p_ptr + w_last, p_ptr + w_last + H * OUT, y_ptr, rows, d_last,
               grads_ptr + (LAYERS - 1) * MH, slots_ptr, M, inv_m, pid, programs, OUT, H, BL, BN, BK, NP)
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
+        if PREFETCH:  # into L2 two or more phases before the next step's first layer reads them
+            _prefetch_rows(x_ptr, y_ptr, ahead_rows, IN, LINES)
         if pid == 0:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
             for i in range(tl.cdiv(M, BL)):
@@ -411,7 +436,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
         slots_ptr=torch.empty(triton.cdiv(m, cfg["BL"]), dtype=torch.float32, device=device),
         losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, stamps_ptr=counter if stamps is None else stamps,
         epoch_steps=batches.shape[0], lr=lr, momentum=momentum, weight_decay=weight_decay, inv_m=1.0 / m,
-        **constants(layout, cfg, bool(momentum), bool(weight_decay), stamps is not None),
+        **constants(layout, cfg, bool(momentum), bool(weight_decay), stamps is not None, programs),
     )
     p = Plan(layout, cfg, programs, args, counter, tile_counts, stamps)
     if device.type == "cuda":
@@ -423,12 +448,17 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     return p
 
 
-def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, stamps: bool = False) -> dict:
-    """The kernel's compile-time arguments for a model and a resolved config."""
+def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, stamps: bool = False,
+              programs: int = 1) -> dict:
+    """The kernel's compile-time arguments for a model, a resolved config and its grid. PREFETCH: the
+    next step's rows of x sent for into L2 during a step (off under the interpreter, which has no
+    inline PTX), AHEAD rows a program, each in LINES points a line apart (enough for 4-byte elements)."""
     tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BC", "BL", "SPLIT_K")}
     return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
                 NP=max(16, triton.next_power_of_2(layout.classes)),
-                HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps)
+                HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps,
+                PREFETCH=not rt.interpreting(), AHEAD=triton.next_power_of_2(triton.cdiv(layout.batch, programs)),
+                LINES=triton.next_power_of_2(triton.cdiv(4 * layout.inputs, 128) + 1))
 
 
 def _programs(cfg: dict, layout: Layout, device: torch.device) -> int:

@@ -217,7 +217,8 @@ signature = {"x_ptr": ptr, "y_ptr": "*i64", "batches_ptr": "*i64", "p_ptr": "*fp
              "losses_ptr": "*fp32",
              "counter_ptr": "*i32", "pos_ptr": "*i64", "stamps_ptr": "*i64", "steps": "i32", "epoch_steps": "i32",
              "lr": "fp32", "momentum": "fp32", "weight_decay": "fp32", "inv_m": "fp32"}
-constexprs = constants(Layout(hidden=128, layers=2, batch=128), {**DEFAULT, "SPLIT_K": split}, True, False, stamps)
+constexprs = constants(Layout(hidden=128, layers=2, batch=128), {**DEFAULT, "SPLIT_K": split}, True, False, stamps,
+                       132)
 for name in constexprs:
     signature[name] = "constexpr"
 k = triton.compile(ASTSource(fn=_train_kernel, signature=signature, constexprs=constexprs),
@@ -280,6 +281,7 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     assert arch != 90 or out["spills"] == 0, f"{out['spills']} bytes of spill stores"
     assert any(op.startswith(("red.", "atom.")) and ".gpu" in op and ".release" in op for op in ops), ops
     assert any(op.startswith("ld.") and ".gpu" in op and ".acquire" in op for op in ops), ops
+    assert "prefetch.global.L2" in out["ptx"]  # the next step's rows, sent for ahead
     products = {op for op in ops if op.startswith(("mma.", "wgmma."))}
     assert bool(products) == (instruction is not None), products
     assert instruction is None or any(op.startswith(instruction + ".") for op in products), products
