@@ -175,15 +175,6 @@ __device__ __forceinline__ void read_shared(const float* p, float (&v)[V]) {
     }
 }
 
-// How many k-steps' operands a product keeps in flight in registers (product's sets): 4 where it
-// runs 3 or more k-steps and the 4 sets take at most 64 floats a thread, else 2. Where a k-step's
-// FMAs are short next to a load's trip (every phase here), each k-step waits for its operands; with
-// 2 sets each load has two k-steps to arrive, so a chain of n k-steps waits about n / 2 trips, with
-// 4 about n / 4 (and a chain of 3 or 4, the first layer's slices, one).
-__host__ __device__ constexpr int prefetch_sets(int k_steps, int set_floats) {
-    return k_steps >= 3 && 4 * set_floats <= 64 ? 4 : 2;
-}
-
 // product's staged hook by default: nothing sees the stages.
 struct Unseen {
     __device__ __forceinline__ void operator()(const float*, int) const {}
@@ -198,14 +189,15 @@ struct Unseen {
 // product runs rather than after it, a round trip to L2 less on the phase's critical path. LEFT_KC
 // (RIGHT_KC): k runs along the operand's memory, so a copy's consecutive elements step along k,
 // else along m (n): either way consecutive threads load consecutive addresses. Two shared stages
-// and SETS sets of registers (prefetch_sets, for the most k-steps a call runs, K_STEPS): while a
-// k-step's FMAs run, the next k-steps' operands wait in SETS - 1 sets and the one SETS k-steps on is
-// loaded into the set just stored, so each load has SETS k-steps to arrive; then the next k-step's
-// set is stored into the other stage, one __syncthreads a k-step. staged(right, ld), if given, sees
+// and two sets of registers: while a k-step's FMAs run, the next k-step's operands (loaded one
+// k-step earlier) wait in one set and the one after's are loaded into the other, so each load has
+// two k-steps to arrive; then the next k-step's set is stored into the other stage, one
+// __syncthreads a k-step (four sets, each load four k-steps to arrive, measured no faster:
+// experiments/FINDINGS.md, "The persistent training kernel"). staged(right, ld), if given, sees
 // each k-step's tile of the right operand while its stage is live (row k at right + k * ld holds
 // right(k0 + k, n) for n < BNT, zeros past the operand's edges).
-template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, int K_STEPS, typename Left,
-          typename Right, typename Early, typename Out, typename Seen = Unseen>
+template <int BMT, int BNT, int BK, int THREADS, bool LEFT_KC, bool RIGHT_KC, typename Left, typename Right,
+          typename Early, typename Out, typename Seen = Unseen>
 __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right right, Early early, Out out,
                                         float* smem, Seen staged = Seen()) {
     typedef ProductSmem<BMT, BNT, BK> S;
@@ -213,7 +205,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     constexpr int BNP = Map::BNP, TM = Map::TM, TN = Map::TN, KG = Map::KG, GT = Map::GT, KS = BK / KG;
     typedef Staged<BMT * BK, THREADS> LeftRegs;
     typedef Staged<BK * BNP, THREADS> RightRegs;
-    constexpr int SETS = prefetch_sets(K_STEPS, LeftRegs::EACH + RightRegs::EACH);
+    constexpr int SETS = 2;  // the register sets' ring
     // element e of a copy: (row of the tile, its k)
     auto left_at = [](int e) { return LEFT_KC ? int2{e / BK, e % BK} : int2{e % BMT, e / BMT}; };
     auto right_at = [](int e) { return RIGHT_KC ? int2{e / BK, e % BK} : int2{e % BNP, e / BNP}; };
@@ -278,8 +270,7 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
     }
     if (k_lo < k_hi) put(l[0], r[0], 0);
     __syncthreads();
-    static_assert(SETS % 2 == 0, "a turn's k-steps alternate the two stages");
-    for (int k0 = k_lo; k0 < k_hi; k0 += SETS * BK) {  // SETS k-steps a turn: which set is which stays static
+    for (int k0 = k_lo; k0 < k_hi; k0 += SETS * BK) {  // a k-step a set each turn: which set is which stays static
 #pragma unroll
         for (int i = 0; i < SETS; ++i)
             if (k0 + i * BK < k_hi) k_step(k0 + i * BK, i % 2, l[(i + 1) % SETS], r[(i + 1) % SETS], l[i], r[i]);
@@ -316,7 +307,7 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
     constexpr int TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N, K_STEPS = cdiv_c(K, BK);
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-        product<BM, BN, BK, THREADS, true, false, cdiv_c(K_STEPS, SPLIT)>(
+        product<BM, BN, BK, THREADS, true, false>(
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k, bool in) { return a_elem<DT, K, GATHER>(a, rows, m0 + m, k, in && m0 + m < M && k < K); },
             [&](int k, int n, bool in) {
@@ -386,7 +377,7 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             const int r = tid + i * THREADS;
             labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
         }
-        product<BL, N, BK, THREADS, true, false, cdiv_c(K, BK)>(
+        product<BL, N, BK, THREADS, true, false>(
             0, K, [&](int m, int k, bool in) { return load_cg<DT>(in && m0 + m < M && k < K, a + (i64)(m0 + m) * K + k); },
             [&](int k, int n, bool in) { return as_operand<DT>(ldcg1_if(in && k < K && n < N, w + (i64)k * N + n)); },
             [&](int m, int n) { return ldcg1_if(n < N, b + n); },  // the bias
@@ -439,7 +430,7 @@ __device__ __forceinline__ void input_grad(const EltT<DT>* d, const float* w, co
                                            float* smem) {
     constexpr int TILES_K = cdiv_c(K, BN);
     const int m0 = (t / TILES_K) * BM, k0 = (t % TILES_K) * BN;
-    product<BM, BN, BK, THREADS, true, true, cdiv_c(N, BK)>(
+    product<BM, BN, BK, THREADS, true, true>(
         0, N, [&](int m, int n, bool in) { return load_cg<DT>(in && m0 + m < M && n < N, d + (i64)(m0 + m) * N + n); },
         [&](int n, int k, bool in) {
             return as_operand<DT>(ldcg1_if(in && n < N && k0 + k < K, w + (i64)(k0 + k) * N + n));
@@ -474,7 +465,7 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     };
     BiasGrad<BC, THREADS> bias;
     if (block == 0) bias.prefetch(b, HAS_MOMENTUM ? b_buf : nullptr, c0, N);
-    product<BR, BC, BK, THREADS, false, false, cdiv_c(M, BK)>(
+    product<BR, BC, BK, THREADS, false, false>(
         0, M, [&](int r, int m, bool in) { return a_elem<DT, K, GATHER>(a, rows, m, r0 + r, in && r0 + r < K && m < M); },
         [&](int m, int c, bool in) { return load_cg<DT>(in && m < M && c0 + c < N, d + (i64)m * N + c0 + c); },
         [&](int r, int c) {  // the weight and its momentum
