@@ -95,7 +95,7 @@ DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0
 # each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of whole k-steps, as even as they go), one
 # program a multiprocessor (fewer programs measured slower: 45.9 µs at 64 against 43.0 at 132,
 # H100, h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin
-# (69 KB at the largest tiles and a batch of 128: kernels_cuda/persistent.py's smem_bytes).
+# (70 KB at the largest tiles and a batch of 128: kernels_cuda/persistent.py's smem_bytes).
 SPACE = Space(
     params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BC=(16, 32, 64), BL=(16, 32),
                 num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),

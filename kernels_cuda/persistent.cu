@@ -182,7 +182,8 @@ struct Unseen {
 
 // out(m, n, sum over k in [k_lo, k_hi) of left(m, k) * right(k, n), early(m, n)) for each output of
 // a BMT x BNT tile (TileMap's, n < BNT); the loaders, left(m, k, in) and right(k, n, in), return 0
-// where `in` is false and past their operand's edges, through predicated loads (ldcg1_if). Each
+// where `in` is false and past their operand's edges (what other blocks wrote through predicated
+// loads, ldcg1_if; the dataset's rows through a plain load under the condition). Each
 // k-group sums its k in order, and group 0 adds the groups' sums up in group order and calls out.
 // early(m, n) loads what the output's epilogue reads besides the sum (a bias, a ReLU mask, the
 // weights an update steps): sent for with the first k-steps' operands, it arrives while the
@@ -378,7 +379,8 @@ __device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const f
             labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
         }
         product<BL, N, BK, THREADS, true, false>(
-            0, K, [&](int m, int k, bool in) { return load_cg<DT>(in && m0 + m < M && k < K, a + (i64)(m0 + m) * K + k); },
+            0, K,
+            [&](int m, int k, bool in) { return load_cg<DT>(in && m0 + m < M && k < K, a + (i64)(m0 + m) * K + k); },
             [&](int k, int n, bool in) { return as_operand<DT>(ldcg1_if(in && k < K && n < N, w + (i64)k * N + n)); },
             [&](int m, int n) { return ldcg1_if(n < N, b + n); },  // the bias
             [&](int m, int n, float v, float bias) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + bias)); },
@@ -466,7 +468,8 @@ __device__ __forceinline__ void update(const EltT<DT>* a, const i64* rows, const
     BiasGrad<BC, THREADS> bias;
     if (block == 0) bias.prefetch(b, HAS_MOMENTUM ? b_buf : nullptr, c0, N);
     product<BR, BC, BK, THREADS, false, false>(
-        0, M, [&](int r, int m, bool in) { return a_elem<DT, K, GATHER>(a, rows, m, r0 + r, in && r0 + r < K && m < M); },
+        0, M,
+        [&](int r, int m, bool in) { return a_elem<DT, K, GATHER>(a, rows, m, r0 + r, in && r0 + r < K && m < M); },
         [&](int m, int c, bool in) { return load_cg<DT>(in && m < M && c0 + c < N, d + (i64)m * N + c0 + c); },
         [&](int r, int c) {  // the weight and its momentum
             r += r0, c += c0;
@@ -557,7 +560,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
         }
         end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         // The next step's rows of x and their labels, sent for into L2 now (row r by block r mod
-        // the grid), two or more phases before the next step's first reads them from memory.
+        // the grid), the step's remaining phases (one or more) before the next step's first reads them.
         for (int r = blockIdx.x; r < M; r += gridDim.x) {
             const u64 from = (u64)(x + next_rows[r] * IN), to = (u64)(x + (next_rows[r] + 1) * IN);  // bytes
             for (u64 line = from / 128 + threadIdx.x; line <= (to - 1) / 128; line += THREADS)

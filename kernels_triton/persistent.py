@@ -346,7 +346,7 @@ def _train_kernel(
               grads_ptr + (LAYERS - 1) * MH, slots_ptr, M, inv_m, pid, programs, OUT, H, BL, BN, BK, NP)
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
-        if PREFETCH:  # into L2 two or more phases before the next step's first layer reads them
+        if PREFETCH:  # into L2 the step's remaining phases (one or more) before the next step's first layer reads them
             _prefetch_rows(x_ptr, y_ptr, ahead_rows, IN, LINES)
         if pid == 0:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
