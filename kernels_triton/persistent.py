@@ -448,8 +448,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     return p
 
 
-def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, stamps: bool = False,
-              programs: int = 1) -> dict:
+def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, stamps: bool, programs: int) -> dict:
     """The kernel's compile-time arguments for a model, a resolved config and its grid. PREFETCH: the
     next step's rows of x sent for into L2 during a step (off under the interpreter, which has no
     inline PTX), AHEAD rows a program, each in LINES points a line apart (enough for 4-byte elements)."""
