@@ -91,22 +91,22 @@ def _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS: tl.cons
 
 
 @triton.jit
-def _prefetch_rows(x_ptr, y_ptr, rows, IN: tl.constexpr, LINES: tl.constexpr):
+def _prefetch_rows(x_ptr, y_ptr, rows, mine, IN: tl.constexpr, LINES: tl.constexpr):
     """Sends for x's rows `rows` (row-major, IN elements a row) and their labels into L2
     (prefetch.global.L2) and goes on: every 128-byte line a row touches holds one of the LINES points
     128 bytes apart from its start (the last clamped to its end)."""
     step: tl.constexpr = 1024 // x_ptr.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
     at = tl.minimum(tl.arange(0, LINES) * step, IN - 1)
     lines = x_ptr + rows.to(tl.int64)[:, None] * IN + at[None, :]
-    _prefetch_l2(lines)
-    _prefetch_l2(y_ptr + rows)
+    _prefetch_l2(lines, mine[:, None] & (at[None, :] >= 0))
+    _prefetch_l2(y_ptr + rows, mine)
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """prefetch.global.L2 at each pointer: sends for its line and goes on."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+def _prefetch_l2(ptrs, mask):
+    """prefetch.global.L2 at each pointer where `mask`: sends for its line and goes on."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -347,7 +347,7 @@ def _train_kernel(
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         if PREFETCH:  # into L2 the step's remaining phases (one or more) before the next step's first layer reads them
-            _prefetch_rows(x_ptr, y_ptr, ahead_rows, IN, LINES)
+            _prefetch_rows(x_ptr, y_ptr, ahead_rows, ahead < M, IN, LINES)
         if pid == 0:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
             for i in range(tl.cdiv(M, BL)):
