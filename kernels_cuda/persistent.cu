@@ -53,6 +53,8 @@ __host__ __device__ constexpr int max_c(int a, int b) { return a > b ? a : b; }
 
 __host__ __device__ constexpr int pow2_ceil(int v) { return v <= 1 ? 1 : 2 * pow2_ceil((v + 1) / 2); }
 
+__host__ __device__ constexpr int pow2_floor(int v) { return v <= 1 ? 1 : 2 * pow2_floor(v / 2); }
+
 // A product's shared memory: two stages, one filled while the other is multiplied, each a BK x BMT
 // tile of the left operand and a BK x BNT one of the right, both k-major (rows of k), so a thread
 // reads its TM rows' (TN columns') values at one k as 16-byte vectors. Rows are padded by 4 floats:
@@ -327,13 +329,31 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
             smem);
         if constexpr (SPLIT > 1) {
             if (splitk_arrive_last(counts + tile, SPLIT)) {
-                for (int e = threadIdx.x; e < BM * BN; e += THREADS) {
-                    const int m = m0 + e / BN, n = n0 + e % BN;
-                    if (m < M && n < N) {
-                        float v = 0.f;
+                // G of a thread's outputs at a time (about 16 loads), every slice's partial and the
+                // bias of each sent for together (predicated loads), so a batch costs one trip to L2.
+                constexpr int EACH = BM * BN / THREADS, BATCH = pow2_floor(16 / SPLIT);
+                constexpr int G = BATCH < EACH ? BATCH : EACH;
+                static_assert(EACH * THREADS == BM * BN && EACH % G == 0, "tile sides and threads powers of two");
+#pragma unroll 1
+                for (int i0 = 0; i0 < EACH; i0 += G) {
+                    float p[G][SPLIT], bias[G];
 #pragma unroll
-                        for (int q = 0; q < SPLIT; ++q) v += ldcg1(part + (i64)q * M * N + m * N + n);
-                        out[m * N + n] = Elt<DT>::store(relu_f(v + ldcg1(b + n)));
+                    for (int g = 0; g < G; ++g) {
+                        const int e = (i0 + g) * THREADS + threadIdx.x, m = m0 + e / BN, n = n0 + e % BN;
+                        const bool in = m < M && n < N;
+#pragma unroll
+                        for (int q = 0; q < SPLIT; ++q) p[g][q] = ldcg1_if(in, part + (i64)q * M * N + m * N + n);
+                        bias[g] = ldcg1_if(in, b + n);
+                    }
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        const int e = (i0 + g) * THREADS + threadIdx.x, m = m0 + e / BN, n = n0 + e % BN;
+                        if (m < M && n < N) {
+                            float v = 0.f;
+#pragma unroll
+                            for (int q = 0; q < SPLIT; ++q) v += p[g][q];
+                            out[m * N + n] = Elt<DT>::store(relu_f(v + bias[g]));
+                        }
                     }
                 }
             }

@@ -224,20 +224,25 @@ def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr, con
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
+# On 3 blocks of 2 warps: tiles of 16 shared out unevenly, the first layer's K in 2 slices; the first
+# layer's tiles of 32 x 32 in 3 slices, whose last slice sums a thread's 16 outputs 4 at a time.
+IRREGULAR_CONFIGS = [dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=2, num_warps=2, PROGRAMS=3),
+                     dict(BM=32, BN=32, BK=16, BR=16, BC=16, SPLIT_K=3, num_warps=2, PROGRAMS=3)]
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", IRREGULAR_CONFIGS)
 @pytest.mark.parametrize("dtype,layout,sgd", CPU_CASES)
-def test_irregular_shapes_in_two_launches_track_float64_training(dtype, layout, sgd):
-    """The Triton twin's interpreter cases (no side a multiple of a tile) on 3 blocks of 2 warps:
-    tiles of 16 shared out unevenly, the first layer's K in 2 slices, and a second launch going on
-    from the first's weights, momentum and position."""
+def test_irregular_shapes_in_two_launches_track_float64_training(dtype, layout, sgd, config):
+    """The Triton twin's interpreter cases (no side a multiple of a tile) in IRREGULAR_CONFIGS, and a
+    second launch going on from the first's weights, momentum and position."""
     images, steps = 4 * layout.batch, STEPS[dtype]
     x = torch.randn(images, layout.inputs, device="cuda").to(torch.float16 if dtype == "fp16" else torch.float32)
     y = torch.randint(0, layout.classes, (images,), device="cuda")
     batches = torch.stack([torch.randperm(images, device="cuda")[:layout.batch] for _ in range(steps)])
     p0 = torch.randn(layout.numel, device="cuda") * 0.2
-    params, losses = _train(x, y, batches, p0, layout, [2, steps - 2], sgd,
-                            config=dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=2, num_warps=2, PROGRAMS=3))
+    params, losses = _train(x, y, batches, p0, layout, [2, steps - 2], sgd, config=config)
     check_against_float64(x, y, batches, p0, params, losses, layout, dtype, steps, **sgd)
 
 
