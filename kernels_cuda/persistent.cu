@@ -22,9 +22,10 @@
 //            b_{l+1}); last, W_1's and W_0's updates. A weight is updated one phase after the phase
 //            that reads it for an input gradient, so no tile reads a weight another tile of its
 //            phase writes.
-// After the loss barrier block 0 sums the slots in slot order (the same bits every run) into
-// losses[s]. The step's slot s is (*pos + i) % epoch_steps; block 0 writes *pos + steps at the end
-// (every block read *pos before its first arrival).
+// After the loss barrier the last block sums the slots in slot order (the same bits every run) into
+// losses[s]: the phase's tiles go to the first blocks, so where they are fewer than the blocks the
+// sum's trip to L2 keeps no tile waiting. The step's slot s is (*pos + i) % epoch_steps; block 0
+// writes *pos + steps at the end (every block read *pos before its first arrival).
 //
 // Rounding, the fused step's and the Triton twin's: fp32 master weights; with 16-bit T the
 // products read the weights rounded to T, activations, gradients and logits are stored in T, and
@@ -587,7 +588,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
                 prefetch_l2(reinterpret_cast<const void*>(line * 128));
             if (threadIdx.x == 0) prefetch_l2(y + next_rows[r]);
         }
-        if (blockIdx.x == 0 && threadIdx.x == 0) {  // the step's loss: the row blocks' sums in slot order
+        if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {  // the step's loss: the row blocks' sums in slot order
             float total = 0.f;
             for (int i = 0; i < cdiv_c(M, BL); ++i) total += ldcg1(slots + i);
             losses[s] = total * inv_m;

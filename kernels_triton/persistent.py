@@ -27,8 +27,10 @@ output):
                 gradient, so no tile reads a weight another tile of its phase writes.
 
 2L + 1 barriers a step (kernels_core.persistent.barriers_per_step: 5 for the default protocol's
-784-H-H-10). After the loss's barrier program 0 sums the loss slots, in
-slot order (the same bits on every run), into the step's entry of `losses`. The batch's rows come
+784-H-H-10). After the loss's barrier the last program sums the loss slots, in
+slot order (the same bits on every run), into the step's entry of `losses`: the phase's tiles go to
+the first programs, so where they are fewer than the programs the sum's trip to L2 keeps no tile
+waiting. The batch's rows come
 from `batches[step]` (the trainer's epoch permutation as rows of B), the labels from y[rows]; the
 dataset is read in place.
 
@@ -348,9 +350,9 @@ def _train_kernel(
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         if PREFETCH:  # into L2 the step's remaining phases (one or more) before the next step's first layer reads them
             _prefetch_rows(x_ptr, y_ptr, ahead_rows, ahead < M, IN, LINES)
-        if pid == 0:  # the step's loss: the row blocks' sums in slot order
+        if pid == programs - 1:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
-            for i in range(tl.cdiv(M, BL)):
+            for i in tl.static_range(tl.cdiv(M, BL)):
                 total += tl.load(slots_ptr + i, cache_modifier=".cg")
             tl.store(losses_ptr + s, total * inv_m)
         for i in tl.static_range(1, LAYERS):
