@@ -352,7 +352,7 @@ def _train_kernel(
             _prefetch_rows(x_ptr, y_ptr, ahead_rows, ahead < M, IN, LINES)
         if pid == programs - 1:  # the step's loss: the row blocks' sums in slot order
             total = 0.0
-            for i in tl.static_range(tl.cdiv(M, BL)):
+            for i in tl.static_range((M + BL - 1) // BL):
                 total += tl.load(slots_ptr + i, cache_modifier=".cg")
             tl.store(losses_ptr + s, total * inv_m)
         for i in tl.static_range(1, LAYERS):
