@@ -90,17 +90,23 @@ PERSISTENT_VARIANTS = ("triton-persistent", "cuda-persistent", "triton-tuned", "
 
 
 def persistent_run(df: pd.DataFrame) -> tuple[pd.DataFrame, str] | None:
-    """(rows, commit) of the newest commit in a compare CSV whose run has every one of
-    PERSISTENT_VARIANTS at two widths or more (a run at one width draws no curve), or None."""
+    """(rows, commit) of the newest run in a compare CSV (its rows of one commit and one run length)
+    that has every one of PERSISTENT_VARIANTS at two widths or more (a run at one width draws no
+    curve), or None. A row of the same commit at another length (a protocol-length run at one width)
+    is another run's."""
     df = df[df.variant.isin(PERSISTENT_VARIANTS)] if not df.empty else df
     if df.empty:
         return None
-    widths = df.groupby(["commit", "variant"]).hidden.nunique().unstack().reindex(columns=PERSISTENT_VARIANTS)
-    over_widths = [c for c in widths.index if (widths.loc[c] >= 2).all()]
+    run = ["commit", "run_length"]
+    widths = df.groupby(run + ["variant"]).hidden.nunique().unstack().reindex(columns=PERSISTENT_VARIANTS)
+    over_widths = [key for key in widths.index if (widths.loc[key] >= 2).all()]
     if not over_widths:
         return None
-    commit = max(over_widths, key=lambda c: df.index[df.commit == c].max())  # the newest in the file
-    return latest(df[df.commit == commit], ["variant", "hidden"]), commit
+    def in_run(key: tuple[str, str]) -> pd.Series:
+        return (df.commit == key[0]) & (df.run_length == key[1])
+
+    newest = max(over_widths, key=lambda key: df.index[in_run(key)].max())  # the newest in the file
+    return latest(df[in_run(newest)], ["variant", "hidden"]), newest[0]
 
 
 def persistent_widths(folder: Path) -> list[Path]:

@@ -435,16 +435,20 @@ def test_compile_stages_times_each_stage_of_a_compile_from_scratch(tmp_path):
 
 def test_the_persistent_plot_draws_the_newest_run_with_every_variant_over_widths():
     """A later run of the persistent variants at one width, or of some of them over widths, draws
-    no curve against the fused step's: the plot keeps the newest run that has them all over widths."""
+    no curve against the fused step's: the plot keeps the newest run that has them all over widths,
+    and a later row of its commit at another run length (a protocol-length run) is not one of its points."""
     from experiments.plots import PERSISTENT_VARIANTS, persistent_run
 
-    def run(commit, variants, widths):
-        return [dict(commit=commit, variant=v, hidden=h, median_step_us=1.0) for v in variants for h in widths]
+    def run(commit, variants, widths, length="500 steps"):
+        return [dict(commit=commit, variant=v, hidden=h, run_length=length, median_step_us=1.0)
+                for v in variants for h in widths]
 
     rows = (run("a1", PERSISTENT_VARIANTS, (64, 128)) + run("b2", PERSISTENT_VARIANTS, (64, 128, 256))
-            + run("c3", PERSISTENT_VARIANTS[:3], (64, 128)) + run("d4", PERSISTENT_VARIANTS, (128,)))
+            + run("c3", PERSISTENT_VARIANTS[:3], (64, 128)) + run("d4", PERSISTENT_VARIANTS, (128,))
+            + run("b2", PERSISTENT_VARIANTS[1:2], (128,), "10 epochs"))
     picked, commit = persistent_run(pd.DataFrame(rows))
     assert commit == "b2" and len(picked) == 12 and set(picked.commit) == {"b2"}
+    assert set(picked.run_length) == {"500 steps"}
     assert persistent_run(pd.DataFrame(run("d4", PERSISTENT_VARIANTS, (128,)))) is None
     assert persistent_run(pd.DataFrame()) is None
 
