@@ -30,7 +30,7 @@ output):
 784-H-H-10). After the loss's barrier the last program sums the loss slots, in
 slot order (the same bits on every run), into the step's entry of `losses`: the phase's tiles go to
 the first programs, so where they are fewer than the programs the sum's trip to L2 keeps no tile
-waiting. The batch's rows come
+waiting (measured no faster than program 0: that tile was not the phase's slowest). The batch's rows come
 from `batches[step]` (the trainer's epoch permutation as rows of B), the labels from y[rows]; the
 dataset is read in place.
 

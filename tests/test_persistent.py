@@ -281,7 +281,7 @@ def test_the_kernel_compiles_offline_with_its_barrier_and_its_products(tmp_path,
     assert arch != 90 or out["spills"] == 0, f"{out['spills']} bytes of spill stores"
     assert any(op.startswith(("red.", "atom.")) and ".gpu" in op and ".release" in op for op in ops), ops
     assert any(op.startswith("ld.") and ".gpu" in op and ".acquire" in op for op in ops), ops
-    # the next step's rows, sent for ahead by the programs that hold one (at batch 32 most hold none)
+    # the next step's rows, sent for ahead by the programs that hold one (none past the batch)
     assert re.search(r"@\w+ prefetch\.global\.L2", out["ptx"]), "no predicated prefetch.global.L2"
     products = {op for op in ops if op.startswith(("mma.", "wgmma."))}
     assert bool(products) == (instruction is not None), products
