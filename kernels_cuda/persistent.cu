@@ -25,8 +25,9 @@
 // After the loss barrier the last block sums the slots in slot order (the same bits every run) into
 // losses[s]: the phase's tiles go to the first blocks, so where they are fewer than the blocks the
 // sum's trip to L2 keeps no tile waiting (measured no faster than block 0: that tile was not the
-// phase's slowest; experiments/FINDINGS.md, "The persistent training kernel"). The step's slot s is (*pos + i) % epoch_steps; block 0
-// writes *pos + steps at the end (every block read *pos before its first arrival).
+// phase's slowest; experiments/FINDINGS.md, "The persistent training kernel"). The step's slot s
+// is (*pos + i) % epoch_steps; block 0 writes *pos + steps at the end (every block read *pos
+// before its first arrival).
 //
 // Rounding, the fused step's and the Triton twin's: fp32 master weights; with 16-bit T the
 // products read the weights rounded to T, activations, gradients and logits are stored in T, and
