@@ -86,10 +86,12 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 # tl.dot's smallest), warps, programs (0: one a multiprocessor), and the first layer's split of its
 # K = 784 into SPLIT_K slices. BM x BN: a tile of a layer's output and of a layer's input gradient,
 # BK the k-step of their products and the batch's step in a weight gradient; BR x BC: a tile of
-# weights a program updates; BL: the loss's rows a tile (with BN columns of the last layer's input
-# gradient). Every phase hands its tiles out over the whole grid, so a tile's size trades the
-# number of tiles (at most one a program is best) against each tile's chain of k-steps.
-DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
+# weights a program updates, BR0 x BC one of W_0 (its IN = 784 rows make the most update tiles, and
+# they share the step's last phase with W_1's); BL: the loss's rows a tile (with BN columns of the
+# last layer's input gradient). Every phase hands its tiles out over the whole grid, so a tile's
+# size trades the number of tiles (at most one a program is best) against each tile's chain of
+# k-steps.
+DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BR0=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
 # What the tuner searches (op "persistent", both twins, every dtype): tile sides up to 64 (at
 # H = 128 a layer's output is 16 tiles of 32 x 32 for 132 programs: larger tiles only lengthen
 # each one's chain), SPLIT_K up to 8 (the first layer's 784 in slices of whole k-steps, as even as they go), one
@@ -97,8 +99,8 @@ DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BC=32, BL=16, num_warps=8, PROGRAMS=0
 # H100, h100/persistent_configs.csv). Every config fits a block's shared memory in the CUDA twin
 # (70 KB at the largest tiles and a batch of 128: kernels_cuda/persistent.py's smem_bytes).
 SPACE = Space(
-    params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BC=(16, 32, 64), BL=(16, 32),
-                num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
+    params=dict(BM=(16, 32, 64), BN=(16, 32, 64), BK=(16, 32, 64), BR=(16, 32, 64), BR0=(16, 32, 64), BC=(16, 32, 64),
+                BL=(16, 32), num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
     default=DEFAULT,
     notes="the persistent training kernel: tiles of each phase, the loss's rows, warps, the first layer's K split",
 )
@@ -107,12 +109,16 @@ SPACE = Space(
 def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
     """`default` with `config`'s entries, refused in one line where a twin's kernel has no such
     tunable or cannot build it: tile sides powers of two of at least 16 (Triton's tl.dot's
-    smallest; the CUDA twin's threads then divide every tile), 1 to 8 warps a program."""
+    smallest; the CUDA twin's threads then divide every tile), 1 to 8 warps a program. A config
+    without BR0 updates W_0 in the BR x BC tiles of the other weights (as configs stored before BR0
+    did)."""
     cfg = {**default, **(config or {})}
+    if "BR0" not in (config or {}):
+        cfg["BR0"] = cfg["BR"]
     unknown = set(cfg) - set(default)
     if unknown:
         raise ValueError(f"config: unknown tunables {sorted(unknown)}; the persistent kernel's are {sorted(default)}")
-    for name in ("BM", "BN", "BK", "BR", "BC", "BL"):
+    for name in ("BM", "BN", "BK", "BR", "BR0", "BC", "BL"):
         v = cfg[name]
         if v < 16 or v & (v - 1):
             raise ValueError(f"config: {name}={v}, a tile side must be a power of two of at least 16")

@@ -19,9 +19,9 @@
 //   backward l = LAYERS-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles beside W_{l+1}'s
 //            update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, the batch BK rows at a time;
 //            fused.cuh's sgd_step, the rule of optim.cu; the tiles of row block 0 also update
-//            b_{l+1}); last, W_1's and W_0's updates. A weight is updated one phase after the phase
-//            that reads it for an input gradient, so no tile reads a weight another tile of its
-//            phase writes.
+//            b_{l+1}); last, W_1's and W_0's updates (W_0's in BR0 x BC tiles). A weight is updated
+//            one phase after the phase that reads it for an input gradient, so no tile reads a
+//            weight another tile of its phase writes.
 // After the loss barrier the last block sums the slots in slot order (the same bits every run) into
 // losses[s]: the phase's tiles go to the first blocks, so where they are fewer than the blocks the
 // sum's trip to L2 keeps no tile waiting (measured no faster than block 0: that tile was not the
@@ -75,11 +75,11 @@ struct ProductSmem {
 // the row's index and then the row, and the step's start waits for neither; then the largest
 // phase's: a product's stages (ProductSmem); the loss keeps its rows' logits, their gradient and
 // losses past those, and stages BN rows of W_L (its dx step) where the product's were.
-template <int M, int OUT, int BM, int BN, int BK, int BR, int BC, int BL>
+template <int M, int OUT, int BM, int BN, int BK, int BR, int BR0, int BC, int BL>
 struct PersistentSmem {
     static constexpr int ROW_STEP = 4 * cdiv_c(2 * M, 4), ROWS = 2 * ROW_STEP;
     static constexpr int FORWARD = ProductSmem<BM, BN, BK>::FLOATS;
-    static constexpr int UPDATE = ProductSmem<BR, BC, BK>::FLOATS;
+    static constexpr int UPDATE = max_c(ProductSmem<BR, BC, BK>::FLOATS, ProductSmem<BR0, BC, BK>::FLOATS);
     static constexpr int LOSS = max_c(ProductSmem<BL, OUT, BK>::FLOATS, BN * OUT) + 2 * BL * OUT + BL;
     static constexpr int FLOATS = ROWS + max_c(FORWARD, max_c(UPDATE, LOSS));
 };
@@ -529,14 +529,14 @@ __device__ __forceinline__ void end_phase(u32* counter, u32 arrivals, i64* stamp
 // and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 and counts, one a BM x BN
 // tile of the first layer's output, zeroed by the host once (SPLIT_K > 1); slots cdiv(M, BL) fp32;
 // counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
-template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BC, int BL,
-          int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
+template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BR0, int BC,
+          int BL, int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
             EltT<DT>* grads, float* part, int* counts, float* slots, float* losses, u32* counter, i64* pos, i64* stamps,
             int steps, int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float shared[];
-    typedef PersistentSmem<M, OUT, BM, BN, BK, BR, BC, BL> Smem;
+    typedef PersistentSmem<M, OUT, BM, BN, BK, BR, BR0, BC, BL> Smem;
     float* const smem = shared + Smem::ROWS;  // the phases'
     constexpr int HIDDEN = H * H + H;  // W_l and b_l of a hidden layer
     constexpr int W1 = IN * H + H, W_LAST = W1 + (LAYERS - 1) * HIDDEN, B_LAST = W_LAST + H * OUT;
@@ -614,14 +614,14 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
             }
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
-        constexpr int FIRST_TILES = cdiv_c(H, BR) * cdiv_c(N1, BC);  // W_1's, then W_0's
-        for (int t = blockIdx.x; t < FIRST_TILES + cdiv_c(IN, BR) * cdiv_c(H, BC); t += gridDim.x) {
+        constexpr int FIRST_TILES = cdiv_c(H, BR) * cdiv_c(N1, BC);  // W_1's, then W_0's (BR0 x BC)
+        for (int t = blockIdx.x; t < FIRST_TILES + cdiv_c(IN, BR0) * cdiv_c(H, BC); t += gridDim.x) {
             if (t < FIRST_TILES)
                 update<DT, M, H, N1, BR, BC, BK, THREADS, false, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
                     acts, rows, grads + MH, params + W1, params + W1 + H * N1, bufs + W1, bufs + W1 + H * N1, t, lr,
                     momentum, weight_decay, smem);
             else
-                update<DT, M, IN, H, BR, BC, BK, THREADS, true, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
+                update<DT, M, IN, H, BR0, BC, BK, THREADS, true, HAS_MOMENTUM, HAS_WEIGHT_DECAY>(
                     x, rows, grads, params, params + IN * H, bufs, bufs + IN * H, t - FIRST_TILES, lr, momentum,
                     weight_decay, smem);
         }
@@ -634,7 +634,7 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
 // The default config (kernels_core/persistent.py: DEFAULT) at the default protocol's shape, with
 // momentum, instantiated for the build line at the top.
 void* const standalone_kernels[] = {
-    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
-    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
+    (void*)&train_steps<DT_FP32, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
+    (void*)&train_steps<DT_FP16, 2, 784, 128, 10, 128, 32, 32, 32, 32, 32, 32, 16, 1, 256, 1, 0, 0>,
 };
 #endif

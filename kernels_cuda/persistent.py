@@ -29,15 +29,16 @@ def smem_bytes(cfg: dict, layout: Layout) -> int:
 
     loss = max(product(cfg["BL"], out), cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
     rows = 2 * 4 * cdiv(2 * layout.batch, 4)  # two steps' int64 rows, each rounded up to 16 bytes
-    return 4 * (rows + max(product(cfg["BM"], cfg["BN"]), product(cfg["BR"], cfg["BC"]), loss))
+    updates = max(product(cfg["BR"], cfg["BC"]), product(cfg["BR0"], cfg["BC"]))
+    return 4 * (rows + max(product(cfg["BM"], cfg["BN"]), updates, loss))
 
 
 def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
             stamps: bool = False) -> rt.Variant:
     return rt.Variant("persistent.cu", "train_steps", (
         rt.DT_CODE[dtype], layout.layers, layout.inputs, layout.hidden, layout.classes, layout.batch,
-        cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BC"], cfg["BL"], cfg["SPLIT_K"], 32 * cfg["num_warps"],
-        int(momentum), int(weight_decay), int(stamps)))
+        cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"], cfg["BR0"], cfg["BC"], cfg["BL"], cfg["SPLIT_K"],
+        32 * cfg["num_warps"], int(momentum), int(weight_decay), int(stamps)))
 
 
 @dataclass
@@ -88,8 +89,8 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     limit = rt.device_props(dev)[1]
     if smem > limit:
         raise ValueError(f"config: a block needs {smem} bytes of shared memory (tiles BM={cfg['BM']}, BN={cfg['BN']}, "
-                         f"BK={cfg['BK']}, BR={cfg['BR']}, BC={cfg['BC']}, BL={cfg['BL']}), the GPU allows {limit}; "
-                         "ask for smaller tiles")
+                         f"BK={cfg['BK']}, BR={cfg['BR']}, BR0={cfg['BR0']}, BC={cfg['BC']}, BL={cfg['BL']}), the GPU "
+                         f"allows {limit}; ask for smaller tiles")
     threads = 32 * cfg["num_warps"]
     programs = cfg["PROGRAMS"] or rt.sm_count(dev)
     kernel = variant(dtype, cfg, layout, bool(momentum), bool(weight_decay), stamps is not None)

@@ -23,8 +23,9 @@ output):
     backward    for l = L-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles, beside
                 W_{l+1}'s update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, optim.py's
                 sgd_rule; the tiles of row block 0 also update b_{l+1}); last, W_1's and W_0's
-                updates. A weight is updated one phase after the phase that reads it for an input
-                gradient, so no tile reads a weight another tile of its phase writes.
+                updates (W_0's in BR0 x BC tiles). A weight is updated one phase after the phase
+                that reads it for an input gradient, so no tile reads a weight another tile of
+                its phase writes.
 
 2L + 1 barriers a step (kernels_core.persistent.barriers_per_step: 5 for the default protocol's
 784-H-H-10). After the loss's barrier the last program sums the loss slots, in
@@ -100,7 +101,7 @@ def _prefetch_rows(x_ptr, y_ptr, rows, mine, IN: tl.constexpr, LINES: tl.constex
     step: tl.constexpr = 1024 // x_ptr.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
     at = tl.minimum(tl.arange(0, LINES) * step, IN - 1)
     lines = x_ptr + rows.to(tl.int64)[:, None] * IN + at[None, :]
-    _prefetch_l2(lines, mine[:, None] & (at[None, :] >= 0))
+    _prefetch_l2(lines, tl.broadcast_to(mine[:, None], lines.shape))
     _prefetch_l2(y_ptr + rows, mine)
 
 
@@ -310,8 +311,8 @@ def _train_kernel(
     counter_ptr,
     pos_ptr, stamps_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr,
-    NP: tl.constexpr, SPLIT_K: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BR0: tl.constexpr, BC: tl.constexpr,
+    BL: tl.constexpr, NP: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STAMPS: tl.constexpr,
     PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINES: tl.constexpr,
 ):
@@ -371,15 +372,15 @@ def _train_kernel(
                             H, n_next, False, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
-        first_tiles = tl.cdiv(H, BR) * tl.cdiv(N1, BC)  # W_1's, then W_0's
-        for t in range(pid, first_tiles + tl.cdiv(IN, BR) * tl.cdiv(H, BC), programs):
+        first_tiles = tl.cdiv(H, BR) * tl.cdiv(N1, BC)  # W_1's, then W_0's (BR0 x BC)
+        for t in range(pid, first_tiles + tl.cdiv(IN, BR0) * tl.cdiv(H, BC), programs):
             if t < first_tiles:
                 _update(acts_ptr, rows, grads_ptr + MH, p_ptr + W1, p_ptr + W1 + H * N1, buf_ptr + W1,
                         buf_ptr + W1 + H * N1, t, M, lr, momentum, weight_decay, H, N1, False, BR, BC, BK,
                         HAS_MOMENTUM, HAS_WEIGHT_DECAY)
             else:
                 _update(x_ptr, rows, grads_ptr, p_ptr, p_ptr + IN * H, buf_ptr, buf_ptr + IN * H, t - first_tiles, M,
-                        lr, momentum, weight_decay, IN, H, True, BR, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
+                        lr, momentum, weight_decay, IN, H, True, BR0, BC, BK, HAS_MOMENTUM, HAS_WEIGHT_DECAY)
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
     if pid == 0:  # every program read the position before the first barrier
@@ -454,7 +455,7 @@ def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, sta
     """The kernel's compile-time arguments for a model, a resolved config and its grid. PREFETCH: the
     next step's rows of x sent for into L2 during a step (off under the interpreter, which has no
     inline PTX), AHEAD rows a program, each in LINES points a line apart (enough for 4-byte elements)."""
-    tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BC", "BL", "SPLIT_K")}
+    tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BR0", "BC", "BL", "SPLIT_K")}
     return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
                 NP=max(16, triton.next_power_of_2(layout.classes)),
                 HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels_core.persistent import (DEFAULT, Layout, barriers_per_step, check_barrier_count, check_coresident,
-                                     check_stamps)
+                                     check_stamps, resolve_config)
 from kernels_core.reference import mlp_steps
 from kernels_triton import persistent
 
@@ -120,8 +120,8 @@ CPU_CASES = [  # irregular sides: none a multiple of a tile
 # in 750 draws (over 5 steps, 1 of 400 flipped).
 STEPS = {"fp32": 5, "fp16": 3}
 # Configs for those cases: the default's tiles (one or two a phase at these sides); tiles of 16, so
-# every phase has several, and the first layer's K in 3 slices; K in 2 slices.
-CPU_CONFIGS = [{}, dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=3), dict(BR=16, SPLIT_K=2)]
+# every phase has several, but W_0's of 32 rows, and the first layer's K in 3 slices; K in 2 slices.
+CPU_CONFIGS = [{}, dict(BM=16, BN=16, BK=16, BR=16, BR0=32, BC=16, SPLIT_K=3), dict(BR=16, SPLIT_K=2)]
 
 
 @pytest.mark.timeout(120)  # a barrier that never opens spins: fail, not hang
@@ -171,6 +171,7 @@ def _args(layout=Layout(hidden=16, layers=1, batch=16, inputs=16)):
 @pytest.mark.parametrize("config,message", [
     (dict(BM=8), "BM=8, a tile side must be a power of two of at least 16"),
     (dict(BC=48), "BC=48"),
+    (dict(BR0=24), "BR0=24"),
     (dict(num_warps=3), "num_warps=3"),
     (dict(PROGRAMS=-1), "PROGRAMS=-1"),
     (dict(SPLIT_K=0), "SPLIT_K=0, the first layer's slices: at least 1"),
@@ -179,6 +180,12 @@ def _args(layout=Layout(hidden=16, layers=1, batch=16, inputs=16)):
 def test_a_bad_config_is_refused_in_one_line(config, message):
     with pytest.raises(ValueError, match=message):
         persistent.plan(*_args(), lr=0.1, config=config)
+
+
+def test_w0_updates_in_the_other_weights_tiles_unless_a_config_names_br0():
+    """Configs stored before BR0 was a tunable keep what they timed: W_0 in their BR x BC tiles."""
+    assert resolve_config(dict(BR=16))["BR0"] == 16 and resolve_config(None)["BR0"] == DEFAULT["BR"]
+    assert resolve_config(dict(BR=16, BR0=64))["BR0"] == 64
 
 
 def test_bad_inputs_are_refused_in_one_line():

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from kernels_core.persistent import DEFAULT, SPACE, Layout, barriers_per_step, check_inputs
+from kernels_core.persistent import DEFAULT, SPACE, Layout, barriers_per_step, check_inputs, resolve_config
 from kernels_cuda import _runtime as rt
 from kernels_cuda import persistent
 from kernels_cuda.reports import _name_expr, _parse_ptxas
@@ -27,9 +27,11 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 PROTOCOL = Layout(hidden=128, layers=2, batch=128)
 # Shapes and configs whose shared memory the host sizes, each a different phase's the largest: the
-# products' (the protocol's default), an update tile's (BR = 64, BC = 64), a forward tile's (BM =
-# BK = 64), the loss's (BL = 128, its dx step BN = 128 rows of W_L).
+# products' (the protocol's default), an update tile's (BR = 64, BC = 64), one of W_0's (BR0 = 64,
+# BC = 64, the other updates' BR = 16), a forward tile's (BM = BK = 64), the loss's (BL = 128, its dx
+# step BN = 128 rows of W_L).
 SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=64, BC=64)),
+              (Layout(hidden=256, layers=1, batch=512), dict(BR=16, BR0=64, BC=64)),
               (Layout(hidden=40, layers=3, batch=24, inputs=70), dict(BM=64, BK=64)),
               (Layout(hidden=17, layers=1, batch=37, inputs=33), dict(BM=16, BN=128, BK=16, BL=128))]
 
@@ -37,9 +39,9 @@ SMEM_CASES = [(PROTOCOL, {}), (Layout(hidden=256, layers=1, batch=512), dict(BR=
 def _smem_asserts() -> str:
     lines = []
     for layout, config in SMEM_CASES:
-        cfg = {**DEFAULT, **config}
+        cfg = resolve_config(config)
         targs = ", ".join(str(v) for v in (layout.batch, layout.classes, cfg["BM"], cfg["BN"], cfg["BK"], cfg["BR"],
-                                           cfg["BC"], cfg["BL"]))
+                                           cfg["BR0"], cfg["BC"], cfg["BL"]))
         lines.append(f"static_assert(PersistentSmem<{targs}>::FLOATS * 4 == {persistent.smem_bytes(cfg, layout)}, "
                      f'"kernels_cuda/persistent.py smem_bytes at {layout}, {config}");')
     return "\n".join(lines)
@@ -98,11 +100,11 @@ def test_the_kernel_builds_without_spills_with_its_barriers_and_its_l2_loads(tmp
 @needs_nvcc
 def test_every_product_of_the_space_maps_its_tile_onto_k_groups(tmp_path):
     """Each product tile a config of the space can ask for (forward and input gradient BM x BN,
-    update BR x BC, the loss's BL x the classes, at any BK and warps) has a TileMap whose k-groups
+    update BR x BC and BR0 x BC, the loss's BL x the classes, at any BK and warps) has a TileMap whose k-groups
     split BK evenly, whose groups' threads cover the tile once (its static_assert) and whose partial
     tiles fit the product's shared memory; group 0's threads own the whole tile."""
     sides = sorted(set(SPACE.params["BM"]) | set(SPACE.params["BN"]) | set(SPACE.params["BR"])
-                   | set(SPACE.params["BC"]) | set(SPACE.params["BL"]))
+                   | set(SPACE.params["BR0"]) | set(SPACE.params["BC"]) | set(SPACE.params["BL"]))
     tiles = {(m, n) for m in sides for n in sides} | {(bl, PROTOCOL.classes) for bl in SPACE.params["BL"]}
     checks = []
     for (bmt, bnt), bk, warps in itertools.product(sorted(tiles), SPACE.params["BK"], SPACE.params["num_warps"]):
@@ -225,9 +227,10 @@ def test_the_full_grid_tracks_float64_and_repeats_its_bits(dtype, steps, lr, con
 
 
 # On 3 blocks of 2 warps: tiles of 16 shared out unevenly, the first layer's K in 2 slices; the first
-# layer's tiles of 32 x 32 in 3 slices, whose last slice sums a thread's 16 outputs 4 at a time.
+# layer's tiles of 32 x 32 in 3 slices, whose last slice sums a thread's 16 outputs 4 at a time, and
+# W_0's updates in tiles of 32 rows where the other weights' have 16.
 IRREGULAR_CONFIGS = [dict(BM=16, BN=16, BK=16, BR=16, BC=16, SPLIT_K=2, num_warps=2, PROGRAMS=3),
-                     dict(BM=32, BN=32, BK=16, BR=16, BC=16, SPLIT_K=3, num_warps=2, PROGRAMS=3)]
+                     dict(BM=32, BN=32, BK=16, BR=16, BR0=32, BC=16, SPLIT_K=3, num_warps=2, PROGRAMS=3)]
 
 
 @pytest.mark.gpu

@@ -156,7 +156,7 @@ def test_a_search_writes_the_persistent_kernels_winner_and_the_trainer_runs_it(t
 def test_the_trainer_runs_the_stores_persistent_config(tmp_path):
     """A store entry for the run's net (written as the tuner writes one) is the config --persistent
     runs, and the run's table says so."""
-    config = dict(BM=16, BN=16, BK=16, BR=32, BC=16, BL=16, num_warps=4, PROGRAMS=0, SPLIT_K=2)
+    config = dict(BM=16, BN=16, BK=16, BR=32, BR0=16, BC=16, BL=16, num_warps=4, PROGRAMS=0, SPLIT_K=2)
     path = tmp_path / "best.json"
     path.write_text(json.dumps({"target": "cpu", "format": 1, "entries": [
         dict(op="persistent", backend="triton", dtype="fp32", shape="16x1x16:mlp", config=config, time_ms=0.5)]}))
