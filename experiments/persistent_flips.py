@@ -1,12 +1,13 @@
 """How often do the persistent kernel's full-grid float64 checks fail on a draw that is not the
-kernel's fault? Both twins (and, without a GPU, torch's own fp32 training as a stand-in) train the
-default protocol's net (784-128-128-10, batch 128, fp32, momentum 0.9) a few steps from the same
-random draw, each judged against float64 as tests/test_persistent.py's check_against_float64
+kernel's fault? Both twins (and, without a GPU, torch's own fp32 training as a stand-in: in fp16,
+rounded where the kernels store, kernels_core.reference.mlp_steps) train the default protocol's net
+(784-128-128-10, batch 128, momentum 0.9; fp32, or fp16 as the fp16 full-grid tests) a few steps
+from the same random draw, each judged against float64 as tests/test_persistent.py's check_against_float64
 judges it (tolerance of the updates' path, plus the fp32 weights' own rounding); one float64
 reference a draw.
 
-    python -m experiments.persistent_flips [--steps 2] [--lr 0.005] [--biases open-half|random]
-        [--draws 500] [--first-seed 0] [--twins cuda,triton | --twins torch-fp32]
+    python -m experiments.persistent_flips [--dtype fp32|fp16] [--steps 2] [--lr 0.005]
+        [--biases open-half|random] [--draws 500] [--first-seed 0] [--twins cuda,triton | --twins torch-fp32]
 
 Where a pre-activation lies within a rounding's reach of zero, any fp32 training's ReLU may fall
 the other way from float64's: every twin fails that draw alike. `open-half` puts each hidden bias
@@ -37,11 +38,11 @@ LAYOUT = Layout(hidden=128, layers=2, batch=128)
 TWINS = {"cuda": cuda_persistent, "triton": triton_persistent}
 
 
-def draw(seed: int, steps: int, biases: str, device: str):
+def draw(seed: int, dtype: str, steps: int, biases: str, device: str):
     """(x, y, batches, p0) as the full-grid tests draw them (tests/test_persistent.py's
     full_grid_inputs), from `seed`."""
     torch.manual_seed(seed)
-    return full_grid_inputs(LAYOUT, "fp32", steps, device=device, open_half=biases == "open-half")
+    return full_grid_inputs(LAYOUT, dtype, steps, device=device, open_half=biases == "open-half")
 
 
 def trained(twin: str, config: dict, x, y, batches, p0, steps: int, sgd: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,14 +57,15 @@ def trained(twin: str, config: dict, x, y, batches, p0, steps: int, sgd: dict) -
     return params, losses
 
 
-def judged(params, losses, ref_losses, ref, paths, steps: int) -> float:
+def judged(params, losses, ref_losses, ref, paths, dtype: str, steps: int) -> float:
     """The draw's worst error over what check_against_float64 allows (above 1: it fails)."""
-    errors = float64_errors(params, losses, ref_losses, ref, paths, LAYOUT, "fp32", steps)
+    errors = float64_errors(params, losses, ref_losses, ref, paths, LAYOUT, dtype, steps)
     return max(err / allowed for err, allowed in errors.values())
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.005)
     p.add_argument("--biases", choices=("open-half", "random"), default="open-half")
@@ -82,14 +84,14 @@ def main(argv=None) -> None:
     cells = [(t, i) for t in twins for i in range(1 if t == "torch-fp32" else len(FULL_GRID_CONFIGS))]
     errors = {c: [] for c in cells}
     for seed in range(args.first_seed, args.first_seed + args.draws):
-        x, y, batches, p0 = draw(seed, args.steps, args.biases, device)
+        x, y, batches, p0 = draw(seed, args.dtype, args.steps, args.biases, device)
         ref_losses, ref, paths = reference(x, y, batches, p0, LAYOUT, args.steps, **sgd)
         for twin, i in cells:
             params, losses = trained(twin, FULL_GRID_CONFIGS[i], x, y, batches, p0, args.steps, sgd)
-            errors[(twin, i)].append(judged(params, losses, ref_losses, ref, paths, args.steps))
+            errors[(twin, i)].append(judged(params, losses, ref_losses, ref, paths, args.dtype, args.steps))
     prov = provenance()
     rows = [dict(device=prov["device"], commit=prov["commit"], layout="784-128-128-10", batch=LAYOUT.batch,
-                 dtype="fp32", momentum=0.9, steps=args.steps, lr=args.lr, biases=args.biases, check="path+stored",
+                 dtype=args.dtype, momentum=0.9, steps=args.steps, lr=args.lr, biases=args.biases, check="path+stored",
                  twin=twin, config="-" if twin == "torch-fp32" else CONFIG_NAMES[i], draws=args.draws,
                  first_seed=args.first_seed, failed=sum(e > 1 for e in errors[(twin, i)]),
                  worst_of_allowed=max(errors[(twin, i)])) for twin, i in cells]

@@ -453,27 +453,31 @@ def test_the_persistent_plot_draws_the_newest_run_with_every_variant_over_widths
     assert persistent_run(pd.DataFrame()) is None
 
 
-def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path, monkeypatch):
-    """experiments.persistent_flips on the CPU (torch's fp32 training as the stand-in twin): a row
-    per twin and config; fp32 training from the tests' open-half draw passes the check, and the same
-    training with one 16 x 16 tile of W1 left at its start fails it by far."""
+@pytest.mark.parametrize("dtype,lr,planted", [("fp32", 0.005, 100), ("fp16", 0.01, 10)])
+def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path, monkeypatch, dtype, lr, planted):
+    """experiments.persistent_flips on the CPU (torch's fp32 training as the stand-in twin, in fp16
+    rounded where the kernels store): a row per twin and config; training from the full-grid tests'
+    open-half draw at their lr passes the check, and the same training with one 16 x 16 tile of W1
+    left at its start fails it by far (fp16's check allows about 700 times fp32's)."""
     from experiments import persistent_flips as flips
 
     if torch.cuda.is_available():
         pytest.skip("the CPU's stand-in; the twins' rows are the GPU's")
     monkeypatch.setattr(paths, "RESULTS", tmp_path / "results")
-    flips.main(["--twins", "torch-fp32", "--draws", "2", "--steps", "1", "--first-seed", "5"])
+    flips.main(["--twins", "torch-fp32", "--dtype", dtype, "--lr", str(lr), "--draws", "2", "--steps", "1",
+                "--first-seed", "5"])
     rows = pd.read_csv(next((tmp_path / "results").glob("*/persistent_flips.csv")))
     assert len(rows) == 1 and rows.draws[0] == 2 and rows.failed[0] == 0 and 0 < rows.worst_of_allowed[0] < 1
+    assert rows.dtype[0] == dtype
     with pytest.raises(SystemExit):
         flips.main(["--twins", "cuda"])  # no GPU here: refused, in argparse's one line
-    sgd = dict(lr=0.005, momentum=0.9, weight_decay=0.0)
-    x, y, batches, p0 = flips.draw(7, 2, "open-half", "cpu")
+    sgd = dict(lr=lr, momentum=0.9, weight_decay=0.0)
+    x, y, batches, p0 = flips.draw(int(torch.randint(0, 2**31, ())), dtype, 2, "open-half", "cpu")
     ref_losses, ref, paths_ = flips.reference(x, y, batches, p0, flips.LAYOUT, 2, **sgd)
     params, losses = flips.trained("torch-fp32", {}, x, y, batches, p0, 2, sgd)
-    assert flips.judged(params, losses, ref_losses, ref, paths_, 2) < 1
+    assert flips.judged(params, losses, ref_losses, ref, paths_, dtype, 2) < 1
     flips.LAYOUT.views(params)[2][:16, :16] = flips.LAYOUT.views(p0)[2][:16, :16]
-    assert flips.judged(params, losses, ref_losses, ref, paths_, 2) > 100
+    assert flips.judged(params, losses, ref_losses, ref, paths_, dtype, 2) > planted
 
 
 def test_ncu_stalls_sums_each_reason_over_the_instructions(tmp_path, monkeypatch, capsys):
