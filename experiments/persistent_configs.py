@@ -36,7 +36,7 @@ from experiments.compare import base_config
 from experiments.paths import results_dir
 from kernels_core.mlp import PROTOCOLS
 from kernels_core.provenance import provenance
-from kernels_core.persistent import DEFAULT, barriers_per_step, phase_names
+from kernels_core.persistent import barriers_per_step, phase_names, resolve_config
 
 CONFIGS = {  # name: what it changes from DEFAULT
     "default": {},
@@ -96,7 +96,7 @@ def measure(backend: str, protocol: str, hidden: int, name: str, config: dict, r
         times.append(start.elapsed_time(end) * 1e3 / steps)
     q = statistics.quantiles(times, n=5, method="inclusive")
     row = dict(backend=backend, protocol=protocol, hidden=hidden, config=name,
-               kernel_config=str({**DEFAULT, **config}), programs=mlp.plan.programs, steps=steps,
+               kernel_config=str(resolve_config(config)), programs=mlp.plan.programs, steps=steps,
                us_per_step=statistics.median(times), us_p20=q[0], us_p80=q[3], loss_diff=diff, **provenance())
     if phases is not None:
         barriers = barriers_per_step(cfg.layers)

@@ -454,7 +454,8 @@ def test_the_persistent_plot_draws_the_newest_run_with_every_variant_over_widths
 
 
 @pytest.mark.parametrize("dtype,lr,planted", [("fp32", 0.005, 100), ("fp16", 0.01, 10)])
-def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path, monkeypatch, dtype, lr, planted):
+def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path, monkeypatch, rng, dtype, lr,
+                                                                         planted):
     """experiments.persistent_flips on the CPU (torch's fp32 training as the stand-in twin, in fp16
     rounded where the kernels store): a row per twin and config; training from the full-grid tests'
     open-half draw at their lr passes the check, and the same training with one 16 x 16 tile of W1
@@ -472,7 +473,7 @@ def test_persistent_flips_judges_a_training_as_the_full_grid_check_does(tmp_path
     with pytest.raises(SystemExit):
         flips.main(["--twins", "cuda"])  # no GPU here: refused, in argparse's one line
     sgd = dict(lr=lr, momentum=0.9, weight_decay=0.0)
-    x, y, batches, p0 = flips.draw(int(torch.randint(0, 2**31, ())), dtype, 2, "open-half", "cpu")
+    x, y, batches, p0 = flips.draw(int(torch.randint(0, 2**31, (), generator=rng)), dtype, 2, "open-half", "cpu")
     ref_losses, ref, paths_ = flips.reference(x, y, batches, p0, flips.LAYOUT, 2, **sgd)
     params, losses = flips.trained("torch-fp32", {}, x, y, batches, p0, 2, sgd)
     assert flips.judged(params, losses, ref_losses, ref, paths_, dtype, 2) < 1

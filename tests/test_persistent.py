@@ -181,8 +181,9 @@ def test_a_bad_config_is_refused_in_one_line(config, message):
 
 
 def test_w0_updates_in_the_other_weights_tiles_unless_a_config_names_br0():
-    """Configs stored before BR0 was a tunable keep what they timed: W_0 in their BR x BC tiles."""
-    assert resolve_config(dict(BR=16))["BR0"] == 16 and resolve_config(None)["BR0"] == DEFAULT["BR"]
+    """A config without BR0 (a store's entry tuned without it) keeps what it timed: W_0 in its BR x BC
+    tiles."""
+    assert resolve_config(dict(BR=16))["BR0"] == 16 and resolve_config(dict(BR=64))["BR0"] == 64
     assert resolve_config(dict(BR=16, BR0=64))["BR0"] == 64
 
 

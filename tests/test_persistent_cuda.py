@@ -202,8 +202,9 @@ def _train(x, y, batches, p0, layout, segments, sgd, config=None):
 
 # Steps and learning rate a dtype can be held to float64 with (inputs: tests/test_persistent.py's
 # full_grid_inputs, open-half biases). A small lr, so that the second step's pre-activations stay in
-# the gaps the biases were put in (fp16 at lr 0.05: 6 of 500 draws failed so, at 0.01 none, the worst
-# 0.10 of what the check allows; cpu/persistent_flips.csv); the fp32 weights' own rounding, then far
+# the gaps the biases were put in (torch's own fp32 training with the kernels' fp16 rounding, judged
+# by the same check, failed 6 of 500 such draws at lr 0.05 and none at 0.01, the worst 0.10 of what
+# the check allows; cpu/persistent_flips.csv); the fp32 weights' own rounding, then far
 # larger than tol of an fp32 update's path, is allowed apart (stored_rounding). In fp16 a value
 # stored one ulp from float64's grows with the training's own dynamics past a few steps (up to 8 u16
 # by step 6 at some seeds; under 0.2 u16 at step 2).
