@@ -103,21 +103,19 @@ SPACE = Space(
                 BL=(16, 32), num_warps=(2, 4, 8), PROGRAMS=(0,), SPLIT_K=(1, 2, 4, 8)),
     default=DEFAULT,
     notes="the persistent training kernel: tiles of each phase, the loss's rows, warps, the first layer's K split",
+    inherits={"BR0": "BR"},  # W_0's tiles were the other weights' before they had a tunable of their own
 )
 
 
-def resolve_config(config: dict | None, default: dict = DEFAULT) -> dict:
-    """`default` with `config`'s entries, refused in one line where a twin's kernel has no such
-    tunable or cannot build it: tile sides powers of two of at least 16 (Triton's tl.dot's
-    smallest; the CUDA twin's threads then divide every tile), 1 to 8 warps a program. A config
-    without BR0 updates W_0 in the BR x BC tiles of the other weights (as configs stored before BR0
-    did)."""
-    cfg = {**default, **(config or {})}
-    if "BR0" not in (config or {}):
-        cfg["BR0"] = cfg["BR"]
-    unknown = set(cfg) - set(default)
+def resolve_config(config: dict | None) -> dict:
+    """DEFAULT with `config`'s entries (SPACE.with_defaults: a config without BR0 updates W_0 in its
+    BR x BC tiles), refused in one line where a twin's kernel has no such tunable or cannot build
+    it: tile sides powers of two of at least 16 (Triton's tl.dot's smallest; the CUDA twin's
+    threads then divide every tile), 1 to 8 warps a program."""
+    cfg = SPACE.with_defaults(config or {})
+    unknown = set(cfg) - set(DEFAULT)
     if unknown:
-        raise ValueError(f"config: unknown tunables {sorted(unknown)}; the persistent kernel's are {sorted(default)}")
+        raise ValueError(f"config: unknown tunables {sorted(unknown)}; the persistent kernel's are {sorted(DEFAULT)}")
     for name in ("BM", "BN", "BK", "BR", "BR0", "BC", "BL"):
         v = cfg[name]
         if v < 16 or v & (v - 1):

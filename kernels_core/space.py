@@ -43,6 +43,10 @@ class Space:
     # draws of a study try each combination of them with few valid configs (the CUDA fp32 wgmma
     # kernel's 22 of 9,386 at sm_90), which drawing configs alike would leave out of a search.
     families: tuple[str, ...] = ()
+    # Tunables that split one off another, each with the one whose value it takes where a config
+    # lacks it ({"BR0": "BR"}): a config written before such a tunable existed ran it at that value,
+    # not at a constant default.
+    inherits: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         # Launch paths check their config on every call: compile the rules once and
@@ -66,6 +70,9 @@ class Space:
             raise ValueError(f"default {dict(self.default)} must compute at the dtype's own precision")
         if not set(self.families) <= set(self.params):
             raise ValueError(f"families {list(self.families)} must be tunables of the space {sorted(self.params)}")
+        for name, source in self.inherits.items():
+            if {name, source} - set(self.params) or self.default[name] != self.default[source]:
+                raise ValueError(f"inherits: {name} from {source} needs both in the space, with one default")
         for name, values in (*self.lower_precision.items(), *self.emulated.items()):
             if not set(values) <= set(self.params.get(name, ())):
                 raise ValueError(f"{name}: precision values {sorted(values)} are outside the space {dict(self.params)}")
@@ -135,8 +142,15 @@ class Space:
     def with_defaults(self, config: Mapping[str, int]) -> dict[str, int]:
         """`config` with every tunable it lacks at the space's default: a config written before a
         tunable existed (in a store, in a study) ran what that default runs (a new tunable's
-        default is the kernel as it was: TF32 = 0, say)."""
-        return {**{k: v for k, v in self.default.items() if k not in config}, **config}
+        default is the kernel as it was: TF32 = 0, say), or, for a tunable split off another
+        (`inherits`), at that one's value."""
+        return self._inherit({**{k: v for k, v in self.default.items() if k not in config}, **config}, config)
+
+    def _inherit(self, filled: dict[str, int], given: Mapping[str, int]) -> dict[str, int]:
+        for name, source in self.inherits.items():
+            if name not in given and source in filled:
+                filled[name] = filled[source]
+        return filled
 
     def default_for(self, arch: int) -> dict[str, int]:
         """The config a kernel runs when given none, on a GPU of this arch."""
@@ -150,7 +164,7 @@ class Space:
         """The arch's default updated with the user's values, then checked."""
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"config: expected a dict of tunables or None, got {type(config).__name__}")
-        return self.check({**self.default_for(arch), **(config or {})}, elt, arch)
+        return self.check(self._inherit({**self.default_for(arch), **(config or {})}, config or {}), elt, arch)
 
     def size(self) -> int:
         n = 1

@@ -111,6 +111,20 @@ def test_older_archs_get_their_own_default():
     assert sp.resolve({"num_warps": 2}, 4, 70) == {"BLOCK": 64, "num_warps": 2}
 
 
+def test_a_tunable_split_off_another_takes_its_value_where_a_config_lacks_it():
+    """A config written before BR0 existed ran W_0 at its BR: filled from BR, not the default."""
+    sp = Space(params={"BR": (16, 32), "BR0": (16, 32), "BC": (16, 32)}, default={"BR": 32, "BR0": 32, "BC": 32},
+               inherits={"BR0": "BR"})
+    assert sp.with_defaults({"BR": 16}) == {"BR": 16, "BR0": 16, "BC": 32}
+    assert sp.with_defaults({"BR": 16, "BR0": 32}) == {"BR": 16, "BR0": 32, "BC": 32}
+    assert sp.resolve({"BR": 16}, 4) == {"BR": 16, "BR0": 16, "BC": 32}
+    assert sp.resolve(None, 4) == sp.default
+    with pytest.raises(ValueError, match="inherits: BR0 from BR needs both in the space, with one default"):
+        Space(params={"BR": (16, 32), "BR0": (16, 32)}, default={"BR": 32, "BR0": 16}, inherits={"BR0": "BR"})
+    with pytest.raises(ValueError, match="inherits"):
+        Space(params={"BR": (16, 32)}, default={"BR": 32}, inherits={"BR0": "BR"})
+
+
 def test_default_outside_the_space_is_refused_at_declaration():
     with pytest.raises(ValueError, match="outside"):
         Space(params={"BLOCK": (64,)}, default={"BLOCK": 128})

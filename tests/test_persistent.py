@@ -7,6 +7,7 @@ The float64 reference is the same training written in torch (kernels_core.refere
 nn.Linear's arithmetic, cross entropy, torch.optim.SGD (momentum, weight decay), on the same
 initial weights and batches.
 """
+import json
 import os
 import re
 import subprocess
@@ -180,11 +181,19 @@ def test_a_bad_config_is_refused_in_one_line(config, message):
         persistent.plan(*_args(), lr=0.1, config=config)
 
 
-def test_w0_updates_in_the_other_weights_tiles_unless_a_config_names_br0():
+def test_w0_updates_in_the_other_weights_tiles_unless_a_config_names_br0(tmp_path):
     """A config without BR0 (a store's entry tuned without it) keeps what it timed: W_0 in its BR x BC
-    tiles."""
+    tiles, given to a twin or read from a store."""
     assert resolve_config(dict(BR=16))["BR0"] == 16 and resolve_config(dict(BR=64))["BR0"] == 64
     assert resolve_config(dict(BR=16, BR0=64))["BR0"] == 64
+    from kernels_core.store import load_store
+
+    config = {k: v for k, v in {**DEFAULT, "BR": 16}.items() if k != "BR0"}
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"target": "sm_90", "format": 1, "entries": [
+        dict(op="persistent", backend="triton", dtype="fp32", shape="128x2x128:mlp", config=config, time_ms=0.02)]}))
+    (entry,) = load_store(path, "sm_90").entries.values()
+    assert entry["config"]["BR0"] == 16 and entry["config"]["BR"] == 16
 
 
 def test_bad_inputs_are_refused_in_one_line():
