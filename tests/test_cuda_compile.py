@@ -168,8 +168,14 @@ def test_import_needs_no_cupy():
 CU_FILES = sorted(p.name for p in __import__("pathlib").Path(rt.HERE).glob("*.cu"))
 
 
+# matmul_tc.cu's build line instantiates five kernels (fp16 and 3xTF32, plain and fused): 6-8 CPU s on
+# two cores, at the fast tier's bound, so its case runs in the full tier only.
+HEAVY_BUILDS = {"matmul_tc.cu"}
+
+
 @needs_nvcc
-@pytest.mark.parametrize("name", CU_FILES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_BUILDS else n
+                                  for n in CU_FILES])
 def test_each_cu_files_header_build_line_works(name):
     """The standalone build line at the top of every .cu file builds its default kernels (a learner's
     first command), and its resource report lists at least one kernel."""
