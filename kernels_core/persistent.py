@@ -87,11 +87,10 @@ def fits_on_chip(layout: Layout, elt: int, momentum: bool, l2_bytes: int | None)
 # K = 784 into SPLIT_K slices. BM x BN: a tile of a layer's output and of a layer's input gradient,
 # BK the k-step of their products and the batch's step in a weight gradient; BR x BC: a tile of
 # weights a program updates, BR0 x BC one of W_0 (its IN = 784 rows make the most update tiles, and
-# they share the step's last phase with W_1's); BL: the rows of the last layer's forward tiles, each
-# row block of BL rows one of the loss's (its last tile to finish works out the rows' logits, loss
-# and the last layer's input gradient). Every phase hands its tiles out over the whole grid, so a
-# tile's size trades the number of tiles (at most one a program is best) against each tile's chain
-# of k-steps.
+# they share the step's last phase with W_1's); BL: the loss's rows a tile (with BN columns of the
+# last layer's input gradient). Every phase hands its tiles out over the whole grid, so a tile's
+# size trades the number of tiles (at most one a program is best) against each tile's chain of
+# k-steps.
 DEFAULT = dict(BM=32, BN=32, BK=32, BR=32, BR0=32, BC=32, BL=16, num_warps=8, PROGRAMS=0, SPLIT_K=1)
 # What the tuner searches (op "persistent", both twins, every dtype): tile sides up to 64 (at
 # H = 128 a layer's output is 16 tiles of 32 x 32 for 132 programs: larger tiles only lengthen
@@ -130,19 +129,11 @@ def resolve_config(config: dict | None) -> dict:
     return cfg
 
 
-def first_layer_rows(layout: Layout, cfg: dict) -> int:
-    """The rows of the first layer's output tiles: BM, or BL where it is also the last layer (the
-    last layer's forward tiles are the loss's row blocks)."""
-    return cfg["BL"] if layout.layers == 1 else cfg["BM"]
-
-
-def arrival_counts(layout: Layout, cfg: dict) -> int:
-    """Counters the kernel's arrivals within a phase need: one a tile of the first layer's output
-    (its split slices arrive there, and the last to arrive sums them), then one a row block of the
-    loss (BL rows: the last layer's forward tiles arrive there, and the last to arrive finishes the
-    loss; each twin's kernel). Zeroed once; every launch leaves them at zero."""
-    tiles = contract.cdiv(layout.batch, first_layer_rows(layout, cfg)) * contract.cdiv(layout.hidden, cfg["BN"])
-    return tiles + contract.cdiv(layout.batch, cfg["BL"])
+def slice_counts(layout: Layout, cfg: dict) -> int:
+    """Counters the first layer's split forward needs, one a BM x BN tile of its output: its
+    slices arrive there, and the last to arrive sums them (each twin's kernel). Zeroed once; every
+    launch leaves them at zero."""
+    return contract.cdiv(layout.batch, cfg["BM"]) * contract.cdiv(layout.hidden, cfg["BN"])
 
 
 def check_inputs(x: torch.Tensor, batches: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
@@ -191,10 +182,10 @@ def step_outputs(losses: torch.Tensor, pos: torch.Tensor, first: int, steps: int
 
 def barriers_per_step(layers: int) -> int:
     """Grid barriers of one step, one after each phase: each layer's forward (the first layer's
-    split slices summed by each tile's last slice to arrive, and the loss with the last layer's
-    input gradient finished by each row block's last tile, with no phase of their own), each hidden
-    layer's input gradient beside the next layer's update, the first two layers' updates."""
-    return 2 * layers
+    split slices summed by each tile's last slice to arrive, with no phase of their own), the loss
+    with the last layer's input gradient, each hidden layer's input gradient beside the next
+    layer's update, the first two layers' updates."""
+    return 2 * layers + 1
 
 
 def check_barrier_count(steps: int, barriers: int, programs: int) -> None:
@@ -227,7 +218,7 @@ def check_segment(layers: int, steps: int, programs: int, stamps: torch.Tensor |
 
 def phase_names(layers: int) -> list[str]:
     """What each phase of a step does, in order (barriers_per_step's phases)."""
-    names = [f"forward {l}" for l in range(layers - 1)] + [f"forward {layers - 1}, loss, input grad {layers}"]
+    names = [f"forward {l}" for l in range(layers)] + [f"loss, input grad {layers}"]
     names += [f"input grad {l}, update {l + 1}" for l in range(layers - 1, 0, -1)] + ["update 1, update 0"]
     return names
 

@@ -6,25 +6,23 @@
 //   nvcc -cubin -arch=sm_90 -std=c++17 -DSTANDALONE --resource-usage -o /dev/null kernels_cuda/persistent.cu
 //
 // One block a multiprocessor (or PROGRAMS) walks each step's phases, a grid barrier
-// (grid_barrier.cuh) after each: 2 * LAYERS a step (kernels_core.persistent.barriers_per_step).
+// (grid_barrier.cuh) after each: 2 * LAYERS + 1 a step (kernels_core.persistent.barriers_per_step).
 // Each phase is a list of tiles handed out over the grid, tile t to block t mod blocks, so a phase
 // takes about one tile's chain of k-steps:
 //   forward  l = 0 .. LAYERS-1: A_{l+1} = relu(A_l @ W_l + b_l) (A_0 = x[batches[s]]) in BM x BN
-//            tiles (the last layer's BL x BN); the first layer's K may split into SPLIT_K slices summed into fp32 partials,
+//            tiles; the first layer's K may split into SPLIT_K slices summed into fp32 partials,
 //            which each tile's last slice to arrive adds up in order (forward).
-//   loss     with the last layer's forward, whose tiles are BL x BN: each finished tile adds its
-//            share of its rows' logits into an fp32 partial and arrives at its row block's count;
-//            the row block's last tile to arrive sums them in order and works out the rows'
-//            D_L = (softmax(A_L @ W_L + b_L) - onehot(y)) / M (into grads' last M x OUT, the row
-//            block's summed loss into slots[row block]) and D_{L-1} = (D_L @ W_L^T) * (A_L > 0)
-//            (loss_rows).
+//   loss     tiles of BL rows x BN columns of D_{L-1}: the rows' logits = A_L @ W_L + b_L and
+//            D_L = (softmax - onehot(y)) / M (into grads' last M x OUT, the row block's summed
+//            loss into slots[row block], by the row block's first tile); and at once D_{L-1} =
+//            (D_L @ W_L^T) * (A_L > 0), since each tile works out its rows' whole D_L.
 //   backward l = LAYERS-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles beside W_{l+1}'s
 //            update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, the batch BK rows at a time;
 //            fused.cuh's sgd_step, the rule of optim.cu; the tiles of row block 0 also update
 //            b_{l+1}); last, W_1's and W_0's updates (W_0's in BR0 x BC tiles). A weight is updated
 //            one phase after the phase that reads it for an input gradient, so no tile reads a
 //            weight another tile of its phase writes.
-// After the last forward's barrier the last block sums the slots in slot order (the same bits every run) into
+// After the loss barrier the last block sums the slots in slot order (the same bits every run) into
 // losses[s]: the phase's tiles go to the first blocks, so where they are fewer than the blocks the
 // sum's trip to L2 keeps no tile waiting (measured no faster than block 0: that tile was not the
 // phase's slowest; experiments/FINDINGS.md, "The persistent training kernel"). The step's slot s
@@ -75,16 +73,15 @@ struct ProductSmem {
 // M batch rows (int64, 2 floats each, each step's rounded up to 16 bytes): a step's rows are staged
 // during the step before (train_steps), so a gathered load of x waits for one round trip, not for
 // the row's index and then the row, and the step's start waits for neither; then the largest
-// phase's: a product's stages (ProductSmem); the last layer's forward keeps, past its product's
-// stages, its finished tile, BN rows of W_L, and the loss's rows' logits, their gradient, their
-// losses and BN rows of W_L again (loss_rows' dx step).
+// phase's: a product's stages (ProductSmem); the loss keeps its rows' logits, their gradient and
+// losses past those, and stages BN rows of W_L (its dx step) where the product's were.
 template <int M, int OUT, int BM, int BN, int BK, int BR, int BR0, int BC, int BL>
 struct PersistentSmem {
     static constexpr int ROW_STEP = 4 * cdiv_c(2 * M, 4), ROWS = 2 * ROW_STEP;
     static constexpr int FORWARD = ProductSmem<BM, BN, BK>::FLOATS;
     static constexpr int UPDATE = max_c(ProductSmem<BR, BC, BK>::FLOATS, ProductSmem<BR0, BC, BK>::FLOATS);
-    static constexpr int LAST = ProductSmem<BL, BN, BK>::FLOATS + BL * BN + 2 * BN * OUT + 2 * BL * OUT + BL;
-    static constexpr int FLOATS = ROWS + max_c(FORWARD, max_c(UPDATE, LAST));
+    static constexpr int LOSS = max_c(ProductSmem<BL, OUT, BK>::FLOATS, BN * OUT) + 2 * BL * OUT + BL;
+    static constexpr int FLOATS = ROWS + max_c(FORWARD, max_c(UPDATE, LOSS));
 };
 
 // A thread's share of a SIZE-element copy into shared memory, element e = i * THREADS + tid:
@@ -304,149 +301,18 @@ __device__ __forceinline__ void product(int k_lo, int k_hi, Left left, Right rig
             if (BNT == BNP || Map::col(j) < BNT) out(Map::row(i), Map::col(j), acc[i][j], pre[i][j]);
 }
 
-// What the last layer's forward hands on to the loss (forward with OUT > 0): W_L (K x OUT) and b_L,
-// the labels, D_L (M x OUT) and D_{L-1} (M x K) to write, the partial logits (cdiv(K, BN) x M x OUT
-// fp32), the row blocks' counts and loss slots, 1 / M.
-template <int DT>
-struct LossArgs {
-    const float* w;
-    const float* b;
-    const i64* y;
-    EltT<DT>* d;
-    EltT<DT>* dx;
-    float* plog;
-    int* counts;
-    float* slots;
-    float inv_m;
-};
-
-// The last layer's finished tile (BL x BN at rows m0, columns n0 of a, A_L (M x K): act, as stored,
-// in shared memory, zeros past a's edges) takes its share of its rows' logits, act @ w[n0 ..] (w_s:
-// those BN rows of W_L, as the products read them), into the fp32 partial n0 / BN of plog and
-// arrives at its row block's count (splitk.cuh's splitk_arrive_last: release, and acquire for the
-// last, which sets the count back to 0). The row block's last tile to arrive, whichever it is,
-// adds the partials up in column order (the same bits whatever the order of arrival), adds b_L,
-// rounds the logits to T as the fused step stores them, and works out the rows' D_L = (softmax -
-// onehot(y[rows])) / M (into d, their summed loss into slots[row block], in row order) and their
-// input gradient D_{L-1} = (D_L @ W_L^T) * (A_L > 0), BN of a's columns at a time. So the loss needs
-// no phase of its own: its rows wait for no other row block. scratch: 2 BL x OUT + BL + BN x OUT
-// floats of shared memory.
-template <int DT, int M, int K, int OUT, int BL, int BN, int THREADS>
-__device__ __forceinline__ void loss_rows(int m0, int n0, const float* act_s, const float* w_s, const i64* rows,
-                                          const EltT<DT>* a, const LossArgs<DT>& L, float* scratch) {
-    constexpr int N = OUT, TILES_N = cdiv_c(K, BN), Q = 8;  // Q: partials sent for at once
-    constexpr int ROWS_EACH = cdiv_c(BL, THREADS);
-    const int tid = threadIdx.x, block = m0 / BL;
-    i64 labels[ROWS_EACH];  // sent for now, so that a row's label waits for no trip to L2 after the arrival
-#pragma unroll
-    for (int i = 0; i < ROWS_EACH; ++i) {
-        const int r = tid + i * THREADS;
-        labels[i] = r < BL && m0 + r < M ? L.y[rows[m0 + r]] : 0;
-    }
-    for (int o = tid; o < BL * N; o += THREADS) {
-        const int r = o / N, c = o % N;
-        float v = 0.f;
-        for (int n = 0; n < BN; ++n) v = fmaf(act_s[r * BN + n], w_s[n * N + c], v);
-        if (m0 + r < M) L.plog[((i64)(n0 / BN) * M + m0 + r) * N + c] = v;
-    }
-    if (!splitk_arrive_last(L.counts + block, TILES_N)) return;
-    float* logits = scratch;
-    float* dl = logits + BL * N;  // d as stored, the dx product's left operand
-    float* row_loss = dl + BL * N;
-    float* wt = row_loss + BL;  // BN rows of W_L
-    for (int o = tid; o < BL * N; o += THREADS) {
-        const int r = o / N, c = o % N;
-        const bool in = m0 + r < M;
-        float v = 0.f;
-        for (int q0 = 0; q0 < TILES_N; q0 += Q) {
-            float p[Q];
-#pragma unroll
-            for (int j = 0; j < Q; ++j) p[j] = ldcg1_if(in && q0 + j < TILES_N, L.plog + ((i64)(q0 + j) * M + m0 + r) * N + c);
-#pragma unroll
-            for (int j = 0; j < Q; ++j)
-                if (q0 + j < TILES_N) v += p[j];
-        }
-        logits[o] = Elt<DT>::load(Elt<DT>::store(v + ldcg1(L.b + c)));
-    }
-    __syncthreads();  // the logits are whole
-#pragma unroll
-    for (int i = 0; i < ROWS_EACH; ++i) {
-        const int r = tid + i * THREADS, m = m0 + r;
-        if (r >= BL) break;
-        const float* z = logits + r * N;
-        float top = neg_inf(), total = 0.f, picked = 0.f;
-        for (int n = 0; n < N; ++n) top = fmaxf(top, z[n]);
-        for (int n = 0; n < N; ++n) total += expf(z[n] - top);
-        if (m < M) {
-            const i64 label = labels[i];
-            for (int n = 0; n < N; ++n) picked = n == label ? z[n] : picked;  // a label past N picks nothing
-            row_loss[r] = top + logf(total) - picked;
-            for (int n = 0; n < N; ++n) {
-                const EltT<DT> g = Elt<DT>::store((expf(z[n] - top) / total - (n == label ? 1.f : 0.f)) * L.inv_m);
-                L.d[m * N + n] = g;
-                dl[r * N + n] = Elt<DT>::load(g);
-            }
-        } else {
-            row_loss[r] = 0.f;
-            for (int n = 0; n < N; ++n) dl[r * N + n] = 0.f;
-        }
-    }
-    __syncthreads();
-    if (tid == 0) {
-        float sum = 0.f;
-        for (int r = 0; r < BL; ++r) sum += row_loss[r];
-        L.slots[block] = sum;
-    }
-    for (int k0 = 0; k0 < K; k0 += BN) {
-        Staged<BN * N, THREADS> w_rows;
-        w_rows.load([&](int e, bool in) {
-            return as_operand<DT>(ldcg1_if(in && k0 + e / N < K, L.w + (i64)(k0 + e / N) * N + e % N));
-        });
-        Staged<BL * BN, THREADS> mask;
-        mask.load([&](int e, bool in) {
-            const int m = m0 + e / BN, k = k0 + e % BN;
-            return load_cg<DT>(in && m < M && k < K, a + (i64)m * K + k);
-        });
-        __syncthreads();  // the last chunk's reads of wt are done
-        w_rows.store([&](int e, float v) { wt[e] = v; });
-        __syncthreads();
-        mask.store([&](int idx, float a_value) {
-            const int r = idx / BN, k = k0 + idx % BN;
-            if (m0 + r < M && k < K) {
-                float g = 0.f;
-                for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
-                L.dx[(i64)(m0 + r) * K + k] = Elt<DT>::store(a_value > 0.f ? g : 0.f);
-            }
-        });
-    }
-}
-
 // out = relu(a @ w + b), a (M x K), w (K x N), out (M x N) in T, in BM x BN tiles; SPLIT > 1: the
 // tile-slice t sums its slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S = cdiv(K, BK)
 // (as even as whole k-steps go, none empty), into the fp32 partial s of part (SPLIT x M x N), and
 // arrives at its tile's count (splitk.cuh's splitk_arrive_last: release, and acquire for the
 // last); the last slice to arrive adds the partials up in slice order, whichever it is, so the
 // bits never depend on the order of arrival, finishes the tile and sets its count back to 0.
-// OUT > 0 (the last layer's forward, BM its loss's BL): each finished tile, kept in shared memory
-// past the product's stages with BN rows of W_L (sent for before the product), goes on to the
-// loss (loss_rows).
-template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT, int OUT = 0>
+template <int DT, int M, int K, int N, int BM, int BN, int BK, int THREADS, bool GATHER, int SPLIT>
 __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
-                                        EltT<DT>* out, float* part, int* counts, float* smem,
-                                        const LossArgs<DT>& L = {}) {
+                                        EltT<DT>* out, float* part, int* counts, float* smem) {
     constexpr int TILES_N = cdiv_c(N, BN), TILES = cdiv_c(M, BM) * TILES_N, K_STEPS = cdiv_c(K, BK);
-    float* const act_s = smem + ProductSmem<BM, BN, BK>::FLOATS;  // the finished tile (OUT > 0)
-    float* const w_s = act_s + BM * BN;                            // BN rows of W_L
     for (int t = blockIdx.x; t < TILES * SPLIT; t += gridDim.x) {
         const int s = t / TILES, tile = t % TILES, m0 = (tile / TILES_N) * BM, n0 = (tile % TILES_N) * BN;
-        Staged<(OUT > 0 ? BN * OUT : 1), THREADS> w_rows;
-        if constexpr (OUT > 0)
-            w_rows.load([&](int e, bool in) {
-                return as_operand<DT>(ldcg1_if(in && n0 + e / OUT < N, L.w + (i64)(n0 + e / OUT) * OUT + e % OUT));
-            });
-        auto keep = [&](int e, float v) {  // element e of the tile as stored (0 past the edges)
-            if constexpr (OUT > 0) act_s[e] = v;
-        };
         product<BM, BN, BK, THREADS, true, false>(
             s * K_STEPS / SPLIT * BK, (s + 1) * K_STEPS / SPLIT * BK,
             [&](int m, int k, bool in) { return a_elem<DT, K, GATHER>(a, rows, m0 + m, k, in && m0 + m < M && k < K); },
@@ -455,25 +321,17 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
             },
             [&](int m, int n) { return ldcg1_if(SPLIT == 1 && n0 + n < N, b + n0 + n); },  // the bias
             [&](int m, int n, float v, float bias) {
-                const int e = m * BN + n;
                 m += m0, n += n0;
-                float kept = 0.f;
                 if (m < M && n < N) {
-                    if constexpr (SPLIT == 1) {
-                        const EltT<DT> o = Elt<DT>::store(relu_f(v + bias));
-                        out[m * N + n] = o;
-                        kept = Elt<DT>::load(o);
-                    } else {
+                    if constexpr (SPLIT == 1)
+                        out[m * N + n] = Elt<DT>::store(relu_f(v + bias));
+                    else
                         part[(i64)s * M * N + m * N + n] = v;
-                    }
                 }
-                keep(e, kept);
             },
             smem);
-        bool finished = SPLIT == 1;
         if constexpr (SPLIT > 1) {
-            finished = splitk_arrive_last(counts + tile, SPLIT);
-            if (finished) {
+            if (splitk_arrive_last(counts + tile, SPLIT)) {
                 // G of a thread's outputs at a time (about 16 loads), every slice's partial and the
                 // bias of each sent for together (predicated loads), so a batch costs one trip to L2.
                 constexpr int EACH = BM * BN / THREADS, BATCH = pow2_floor(16 / SPLIT);
@@ -493,27 +351,100 @@ __device__ __forceinline__ void forward(const EltT<DT>* a, const i64* rows, cons
 #pragma unroll
                     for (int g = 0; g < G; ++g) {
                         const int e = (i0 + g) * THREADS + threadIdx.x, m = m0 + e / BN, n = n0 + e % BN;
-                        float kept = 0.f;
                         if (m < M && n < N) {
                             float v = 0.f;
 #pragma unroll
                             for (int q = 0; q < SPLIT; ++q) v += p[g][q];
-                            const EltT<DT> o = Elt<DT>::store(relu_f(v + bias[g]));
-                            out[m * N + n] = o;
-                            kept = Elt<DT>::load(o);
+                            out[m * N + n] = Elt<DT>::store(relu_f(v + bias[g]));
                         }
-                        keep(e, kept);
                     }
                 }
             }
         }
-        if constexpr (OUT > 0) {
-            if (finished) {
-                w_rows.store([&](int e, float v) { w_s[e] = v; });
-                __syncthreads();  // the tile and W_L's rows are in shared memory
-                loss_rows<DT, M, N, OUT, BM, BN, THREADS>(m0, n0, act_s, w_s, rows, out, L, w_s + BN * OUT);
+    }
+}
+
+// logits = a @ w + b (a M x K, w K x N), rounded to T; d = (softmax - onehot(y[rows])) / M in T,
+// BL rows at a time; then those rows' input gradient dx = (d @ w^T) * (a > 0) in BN of a's columns.
+// The tiles are (row block, BN columns of dx): each works out its rows' whole d (a short product,
+// N being the classes), so the last layer's dx needs no barrier and spreads over the grid; the
+// first tile of a row block stores d and the block's summed loss (its rows' losses in row order)
+// in slots[row block].
+template <int DT, int M, int K, int N, int BL, int BN, int BK, int THREADS>
+__device__ __forceinline__ void loss(const EltT<DT>* a, const i64* rows, const float* w, const float* b,
+                                     const i64* y, EltT<DT>* d, EltT<DT>* dx, float* slots, float inv_m,
+                                     float* smem) {
+    constexpr int CHUNKS = cdiv_c(K, BN);
+    float* wt = smem;  // BN rows of w, once the product's stages are done with
+    float* logits = smem + max_c(ProductSmem<BL, N, BK>::FLOATS, BN * N);
+    float* dl = logits + BL * N;  // d as stored, the dx product's left operand
+    float* row_loss = dl + BL * N;
+    const int tid = threadIdx.x;
+    for (int t = blockIdx.x; t < cdiv_c(M, BL) * CHUNKS; t += gridDim.x) {
+        const int block = t / CHUNKS, m0 = block * BL, k0 = (t % CHUNKS) * BN;
+        const bool first = t % CHUNKS == 0;
+        // Loaded now, so that they arrive while the product runs: BN rows of w (stored once the
+        // product is done with its stages), dx's ReLU mask (its tile of a) and the rows' labels.
+        Staged<BN * N, THREADS> w_rows;
+        w_rows.load([&](int e, bool in) {
+            return as_operand<DT>(ldcg1_if(in && k0 + e / N < K, w + (i64)(k0 + e / N) * N + e % N));
+        });
+        Staged<BL * BN, THREADS> mask;
+        mask.load([&](int e, bool in) {
+            const int m = m0 + e / BN, k = k0 + e % BN;
+            return load_cg<DT>(in && m < M && k < K, a + (i64)m * K + k);
+        });
+        constexpr int ROWS_EACH = cdiv_c(BL, THREADS);
+        i64 labels[ROWS_EACH];
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = tid + i * THREADS;
+            labels[i] = r < BL && m0 + r < M ? y[rows[m0 + r]] : 0;
+        }
+        product<BL, N, BK, THREADS, true, false>(
+            0, K,
+            [&](int m, int k, bool in) { return load_cg<DT>(in && m0 + m < M && k < K, a + (i64)(m0 + m) * K + k); },
+            [&](int k, int n, bool in) { return as_operand<DT>(ldcg1_if(in && k < K && n < N, w + (i64)k * N + n)); },
+            [&](int m, int n) { return ldcg1_if(n < N, b + n); },  // the bias
+            [&](int m, int n, float v, float bias) { logits[m * N + n] = Elt<DT>::load(Elt<DT>::store(v + bias)); },
+            smem);
+        __syncthreads();  // the logits are whole
+        w_rows.store([&](int e, float v) { wt[e] = v; });
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = tid + i * THREADS, m = m0 + r;
+            if (r >= BL) break;
+            float* z = logits + r * N;
+            float top = neg_inf(), total = 0.f, picked = 0.f;
+            for (int n = 0; n < N; ++n) top = fmaxf(top, z[n]);
+            for (int n = 0; n < N; ++n) total += expf(z[n] - top);
+            if (m < M) {
+                const i64 label = labels[i];
+                for (int n = 0; n < N; ++n) picked = n == label ? z[n] : picked;  // a label past N picks nothing
+                row_loss[r] = top + logf(total) - picked;
+                for (int n = 0; n < N; ++n) {
+                    const EltT<DT> g = Elt<DT>::store((expf(z[n] - top) / total - (n == label ? 1.f : 0.f)) * inv_m);
+                    if (first) d[m * N + n] = g;
+                    dl[r * N + n] = Elt<DT>::load(g);
+                }
+            } else {
+                row_loss[r] = 0.f;
             }
         }
+        __syncthreads();
+        if (first && tid == 0) {
+            float sum = 0.f;
+            for (int r = 0; r < BL; ++r) sum += row_loss[r];
+            slots[block] = sum;
+        }
+        mask.store([&](int idx, float a_value) {
+            const int r = idx / BN, k = k0 + idx % BN;
+            if (m0 + r < M && k < K) {
+                float g = 0.f;
+                for (int n = 0; n < N; ++n) g = fmaf(dl[r * N + n], wt[(idx % BN) * N + n], g);
+                dx[(i64)(m0 + r) * K + k] = Elt<DT>::store(a_value > 0.f ? g : 0.f);
+            }
+        });
     }
 }
 
@@ -595,16 +526,14 @@ __device__ __forceinline__ void end_phase(u32* counter, u32 arrivals, i64* stamp
 // `steps` steps from the epoch's slot *pos on (wrapping at epoch_steps), then *pos += steps. x is
 // (images, IN) in T; y the images' int64 labels; batches (epoch_steps, M) int64 rows of x; params
 // and bufs flat fp32 (W_0, b_0, W_1, b_1, ...; bufs untouched without momentum); acts LAYERS x M x H
-// and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32; counts
-// (kernels_core.persistent.arrival_counts: one a tile of the first layer's output, then one a row
-// block of the loss), zeroed by the host once; plog cdiv(H, BN) x M x OUT fp32; slots cdiv(M, BL)
-// fp32; counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
+// and grads LAYERS x M x H + M x OUT of T; part SPLIT_K x M x H fp32 and counts, one a BM x BN
+// tile of the first layer's output, zeroed by the host once (SPLIT_K > 1); slots cdiv(M, BL) fp32;
+// counter zeroed by the host; stamps (STAMPS) 1 + steps x barriers int64.
 template <int DT, int LAYERS, int IN, int H, int OUT, int M, int BM, int BN, int BK, int BR, int BR0, int BC,
           int BL, int SPLIT_K, int THREADS, int HAS_MOMENTUM, int HAS_WEIGHT_DECAY, int STAMPS>
 __global__ void __launch_bounds__(THREADS, 1)
 train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, float* bufs, EltT<DT>* acts,
-            EltT<DT>* grads, float* part, int* counts, float* plog, float* slots, float* losses, u32* counter, i64* pos,
-            i64* stamps,
+            EltT<DT>* grads, float* part, int* counts, float* slots, float* losses, u32* counter, i64* pos, i64* stamps,
             int steps, int epoch_steps, float lr, float momentum, float weight_decay, float inv_m) {
     extern __shared__ __align__(16) float shared[];
     typedef PersistentSmem<M, OUT, BM, BN, BK, BR, BR0, BC, BL> Smem;
@@ -615,10 +544,6 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     constexpr int MH = M * H;
     constexpr int DX_TILES = cdiv_c(M, BM) * cdiv_c(H, BN);
     EltT<DT>* const d_last = grads + LAYERS * MH;
-    constexpr int FIRST_ROWS = LAYERS == 1 ? BL : BM;  // the first layer's tiles' rows: BL where it is the last
-    constexpr int LAYER0_TILES = cdiv_c(M, FIRST_ROWS) * cdiv_c(H, BN);  // their counts come first
-    const LossArgs<DT> loss_args{params + W_LAST, params + B_LAST, y,     d_last,  grads + (LAYERS - 1) * MH,
-                                 plog,            counts + LAYER0_TILES, slots, inv_m};
     if (STAMPS && blockIdx.x == 0 && threadIdx.x == 0) stamps[0] = (i64)globaltimer();
     const i64 first = *pos;
     u32 arrivals = 0;
@@ -628,44 +553,35 @@ train_steps(const EltT<DT>* x, const i64* y, const i64* batches, float* params, 
     for (int step = 0; step < steps; ++step) {
         const i64 s = (first + step) % epoch_steps;
         // rows: this step's batch rows, staged during the step before (the first step's above);
-        // next_rows: the next step's, staged during this step's last forward where the last step's
+        // next_rows: the next step's, staged during this step's loss phase where the last step's
         // were, whose readers passed its final barrier.
         i64* const rows = reinterpret_cast<i64*>(shared + step % 2 * Smem::ROW_STEP);
         i64* const next_rows = reinterpret_cast<i64*>(shared + (step + 1) % 2 * Smem::ROW_STEP);
-        i64 ahead[ROWS_EACH];  // the next step's rows, sent for now and stored during the last forward
-#pragma unroll
-        for (int i = 0; i < ROWS_EACH; ++i) {
-            const int r = threadIdx.x + i * THREADS;
-            ahead[i] = r < M ? batches[(s + 1) % epoch_steps * M + r] : 0;
-        }
-        auto stage_next_rows = [&] {
-#pragma unroll
-            for (int i = 0; i < ROWS_EACH; ++i) {
-                const int r = threadIdx.x + i * THREADS;
-                if (r < M) next_rows[r] = ahead[i];
-            }
-        };
         __syncthreads();
-        // Each layer's forward; the last one's tiles (BL rows) go on to the loss.
-        forward<DT, M, IN, H, FIRST_ROWS, BN, BK, THREADS, true, SPLIT_K, LAYERS == 1 ? OUT : 0>(
-            x, rows, params, params + IN * H, acts, part, counts, smem, loss_args);
-        if constexpr (LAYERS == 1) stage_next_rows();
+        forward<DT, M, IN, H, BM, BN, BK, THREADS, true, SPLIT_K>(x, rows, params, params + IN * H, acts, part,
+                                                                  counts, smem);
         end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
-        for (int l = 1; l < LAYERS - 1; ++l) {
+        for (int l = 1; l < LAYERS; ++l) {
             const int at = W1 + (l - 1) * HIDDEN;
             forward<DT, M, H, H, BM, BN, BK, THREADS, false, 1>(acts + (l - 1) * MH, rows, params + at,
                                                                 params + at + H * H, acts + l * MH, part, counts,
                                                                 smem);
             end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         }
-        if constexpr (LAYERS > 1) {
-            constexpr int at = W1 + (LAYERS - 2) * HIDDEN;
-            forward<DT, M, H, H, BL, BN, BK, THREADS, false, 1, OUT>(acts + (LAYERS - 2) * MH, rows, params + at,
-                                                                     params + at + H * H, acts + (LAYERS - 1) * MH,
-                                                                     part, counts, smem, loss_args);
-            stage_next_rows();
-            end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
+        i64 ahead[ROWS_EACH];  // the next step's rows, sent for before the loss and stored after it
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = threadIdx.x + i * THREADS;
+            ahead[i] = r < M ? batches[(s + 1) % epoch_steps * M + r] : 0;
         }
+        loss<DT, M, H, OUT, BL, BN, BK, THREADS>(acts + (LAYERS - 1) * MH, rows, params + W_LAST, params + B_LAST, y,
+                                                 d_last, grads + (LAYERS - 1) * MH, slots, inv_m, smem);
+#pragma unroll
+        for (int i = 0; i < ROWS_EACH; ++i) {
+            const int r = threadIdx.x + i * THREADS;
+            if (r < M) next_rows[r] = ahead[i];
+        }
+        end_phase<STAMPS>(counter, arrivals += gridDim.x, stamps);
         // The next step's rows of x and their labels, sent for into L2 now (row r by block r mod
         // the grid), the step's remaining phases (one or more) before the next step's first reads them.
         for (int r = blockIdx.x; r < M; r += gridDim.x) {

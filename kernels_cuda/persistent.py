@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels_core.contract import cdiv
-from kernels_core.persistent import (Layout, arrival_counts, blocks_per_sm, check_coresident, check_inputs,
-                                     check_segment, resolve_config)
+from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
+                                     resolve_config, slice_counts)
 
 from . import _runtime as rt
 
@@ -27,11 +27,10 @@ def smem_bytes(cfg: dict, layout: Layout) -> int:
     def product(rows: int, cols: int) -> int:  # ProductSmem: two stages of k-major tiles, rows padded by 4
         return 2 * bk * (rows + 4 + (1 << (cols - 1).bit_length()) + 4)
 
-    # the last layer's forward: its product's stages, its tile, BN rows of W_L, then loss_rows' scratch
-    last = product(cfg["BL"], cfg["BN"]) + cfg["BL"] * cfg["BN"] + 2 * cfg["BN"] * out + 2 * cfg["BL"] * out + cfg["BL"]
+    loss = max(product(cfg["BL"], out), cfg["BN"] * out) + 2 * cfg["BL"] * out + cfg["BL"]
     rows = 2 * 4 * cdiv(2 * layout.batch, 4)  # two steps' int64 rows, each rounded up to 16 bytes
     updates = max(product(cfg["BR"], cfg["BC"]), product(cfg["BR0"], cfg["BC"]))
-    return 4 * (rows + max(product(cfg["BM"], cfg["BN"]), updates, last))
+    return 4 * (rows + max(product(cfg["BM"], cfg["BN"]), updates, loss))
 
 
 def variant(dtype: str, cfg: dict, layout: Layout, momentum: bool, weight_decay: bool,
@@ -56,7 +55,7 @@ class Plan:
     head: tuple  # the kernel's arguments before `steps`
     tail: tuple  # and after
     counter: torch.Tensor
-    tile_counts: torch.Tensor  # the arrivals' counts (arrival_counts), zero between launches
+    tile_counts: torch.Tensor  # the first layer's split slices' (slice_counts), zero between launches
     tag: tuple
     tensors: tuple  # what the pointers point to, alive as long as the plan
     stamps: torch.Tensor | None
@@ -105,11 +104,10 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     grads = torch.empty(layout.gradient_elems, dtype=x.dtype, device=x.device)
     part = torch.empty(cfg["SPLIT_K"] * m * layout.hidden if cfg["SPLIT_K"] > 1 else 1, dtype=torch.float32,
                        device=x.device)
-    tile_counts = torch.zeros(arrival_counts(layout, cfg), dtype=torch.int32, device=x.device)
-    plog = torch.empty(cdiv(layout.hidden, cfg["BN"]) * m * layout.classes, dtype=torch.float32, device=x.device)
+    tile_counts = torch.zeros(slice_counts(layout, cfg), dtype=torch.int32, device=x.device)
     slots = torch.empty(cdiv(m, cfg["BL"]), dtype=torch.float32, device=x.device)
-    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, tile_counts, plog, slots,
-               losses, counter, pos, counter if stamps is None else stamps)
+    tensors = (x, y, batches, params, bufs if momentum else params, acts, grads, part, tile_counts, slots, losses,
+               counter, pos, counter if stamps is None else stamps)
     tail = (rt.i32(batches.shape[0]), rt.f32(lr), rt.f32(momentum), rt.f32(weight_decay), rt.f32(1.0 / m))
     return Plan(layout, cfg, programs, kernel, dev, smem, tuple(rt.ptr(t) for t in tensors), tail, counter,
                 tile_counts, rt.tag("persistent", dtype, cfg), tensors, stamps)

@@ -15,12 +15,11 @@ output):
                 SPLIT_K slices of whole k-steps, each tile-slice summing into an fp32 partial (a
                 chain of about 784 / SPLIT_K k's a tile); the last slice of a tile to arrive at its
                 count sums the partials in order and adds b_0, so the split costs no phase.
-    loss        with the last layer's forward, whose tiles are BL x BN: each finished tile adds its
-                share of its rows' logits (its columns of A_L @ W_L) into an fp32 partial and
-                arrives at its row block's count; the row block's last tile to arrive sums the
-                partials in order and works out the rows' D_L = (softmax(A_L @ W_L + b_L) - onehot)
-                / B (the row block's summed loss in a slot) and D_{L-1} = (D_L @ W_L^T) * (A_L > 0),
-                so the loss costs no phase either.
+    loss        BL rows x BN columns of D_{L-1} a tile: the rows' D_L = (softmax(A_L @ W_L + b_L) -
+                onehot) / B (each row block's summed loss in a slot), and at once D_{L-1} = (D_L @
+                W_L^T) * (A_L > 0): D_L is a short product (its N is the classes) that each tile of
+                the row block works out whole, so the last layer's input gradient needs no phase
+                of its own and spreads over the grid.
     backward    for l = L-1 .. 1: D_{l-1} = (D_l @ W_l^T) * (A_l > 0) in BM x BN tiles, beside
                 W_{l+1}'s update in BR x BC tiles (gradient A_{l+1}^T @ D_{l+1}, optim.py's
                 sgd_rule; the tiles of row block 0 also update b_{l+1}); last, W_1's and W_0's
@@ -28,8 +27,8 @@ output):
                 that reads it for an input gradient, so no tile reads a weight another tile of
                 its phase writes.
 
-2L barriers a step (kernels_core.persistent.barriers_per_step: 4 for the default protocol's
-784-H-H-10). After the last forward's barrier the last program sums the loss slots, in
+2L + 1 barriers a step (kernels_core.persistent.barriers_per_step: 5 for the default protocol's
+784-H-H-10). After the loss's barrier the last program sums the loss slots, in
 slot order (the same bits on every run), into the step's entry of `losses`: the phase's tiles go to
 the first programs, so where they are fewer than the programs the sum's trip to L2 keeps no tile
 waiting (measured no faster than program 0: that tile was not the phase's slowest). The batch's rows come
@@ -62,8 +61,8 @@ import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
 from kernels_core import compile_only
-from kernels_core.persistent import (Layout, arrival_counts, blocks_per_sm, check_coresident, check_inputs,
-                                     check_segment, first_layer_rows, resolve_config)
+from kernels_core.persistent import (Layout, blocks_per_sm, check_coresident, check_inputs, check_segment,
+                                     resolve_config, slice_counts)
 
 from . import _runtime as rt
 from .matmul import _dot
@@ -154,16 +153,13 @@ def _tile_product(a_ptr, src, in_m, w_ptr, offs_n, in_n, k_lo, k_hi, N: tl.const
 @triton.jit
 def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counts_ptr, M, pid, programs,
              N: tl.constexpr, K: tl.constexpr, GATHER: tl.constexpr, SPLIT: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOSS: tl.constexpr,
-             wl_ptr, bl_ptr, y_ptr, d_ptr, dx_ptr, plog_ptr, row_counts_ptr, slots_ptr, inv_m,
-             OUT: tl.constexpr, NP: tl.constexpr):
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """out = relu(a[rows] @ w + b), a (M, K) (GATHER: rows of the dataset), w (K, N), in BM x BN
     tiles. SPLIT > 1: tile t's slice s, k-steps [s S / SPLIT, (s + 1) S / SPLIT) of the S =
     cdiv(K, BK) (as even as whole k-steps go, none empty), sums into the fp32 partial s of part
     (SPLIT x M x N) and arrives at its tile's count (release; acquire for the last). The last
     slice to arrive adds the partials up in slice order, whichever it is, so the bits never
-    depend on the order of arrival, finishes the tile into out and sets its count back to 0.
-    LOSS (the last layer's forward): each finished tile goes on to the loss (_loss_rows)."""
+    depend on the order of arrival, finishes the tile into out and sets its count back to 0."""
     tiles_n = tl.cdiv(N, BN)
     tiles = tl.cdiv(M, BM) * tiles_n
     for t in range(pid, tiles * SPLIT, programs):
@@ -190,80 +186,61 @@ def _forward(a_ptr, rows_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counts_ptr, M, pi
                 for q in tl.static_range(SPLIT):
                     acc += tl.load(part_ptr + q * M * N + at, mask=mask, other=0.0, cache_modifier=".cg")
                 bias = tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")
-                act = _finish(acc, bias, out_ptr, at, mask)
+                _finish(acc, bias, out_ptr, at, mask)
                 tl.store(counts_ptr + tile, 0)
-                if LOSS:
-                    _loss_rows(act, tile // tiles_n, tile % tiles_n, offs_m, in_m, offs_n, in_n, rows_ptr, out_ptr,
-                               wl_ptr, bl_ptr, y_ptr, d_ptr, dx_ptr, plog_ptr, row_counts_ptr, slots_ptr, M, inv_m,
-                               N, OUT, NP, BM, BN)
         else:
-            act = _finish(acc, bias, out_ptr, at, mask)
-            if LOSS:
-                _loss_rows(act, tile // tiles_n, tile % tiles_n, offs_m, in_m, offs_n, in_n, rows_ptr, out_ptr,
-                           wl_ptr, bl_ptr, y_ptr, d_ptr, dx_ptr, plog_ptr, row_counts_ptr, slots_ptr, M, inv_m,
-                           N, OUT, NP, BM, BN)
+            _finish(acc, bias, out_ptr, at, mask)
 
 
 @triton.jit
 def _finish(acc, bias, out_ptr, at, mask):
-    """out[at] = relu(acc + bias), stored in out's dtype; returns what it stored."""
-    act = tl.maximum(acc + bias[None, :], 0.0).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + at, act, mask=mask)
-    return act
+    """out[at] = relu(acc + bias), stored in out's dtype."""
+    tl.store(out_ptr + at, tl.maximum(acc + bias[None, :], 0.0).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _loss_rows(act, block, tile_n, offs_m, in_m, offs_n, in_n, rows_ptr, a_ptr, w_ptr, b_ptr, y_ptr, d_ptr, dx_ptr,
-               plog_ptr, row_counts_ptr, slots_ptr, M, inv_m, K: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-               BL: tl.constexpr, BN: tl.constexpr):
-    """A finished tile of the last hidden layer's output a (M, K; `act`, its rows offs_m and columns
-    offs_n as stored) takes its share of its rows' logits, act @ w[offs_n] (w (K, N), N the
-    classes), into the fp32 partial tile_n of plog (cdiv(K, BN) x M x NP) and arrives at its row
-    block's count (release; acquire for the last). The row block's last tile to arrive, whichever it
-    is, adds the partials up in column order (the same bits whatever the order of arrival), adds b,
-    rounds the logits to a's dtype as the fused step stores them, and works out the rows' d =
-    (softmax - onehot(y[rows])) / M (into d, their summed loss into slots[block]) and their input
-    gradient dx = (d @ w^T) * (a > 0), BN of a's columns at a time; then sets the count back to 0.
-    So the loss needs no phase of its own: its rows wait for no other row block."""
-    offs_c = tl.arange(0, NP)
-    in_c = offs_c < N
-    w = tl.load(w_ptr + offs_n[:, None] * N + offs_c[None, :], mask=in_n[:, None] & in_c[None, :], other=0.0,
-                cache_modifier=".cg")
-    part = _dot(act, w.to(act.dtype), tl.zeros((BL, NP), dtype=tl.float32), tl.float32, 0)
-    plog = plog_ptr + offs_m[:, None] * NP + offs_c[None, :]
-    tl.store(plog + tile_n * M * NP, part, mask=in_m[:, None])
-    tl.debug_barrier()  # every thread's partial stored before the arrival releases them
-    tiles_n = tl.cdiv(K, BN)
-    arrived = tl.atomic_add(row_counts_ptr + block, 1, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()
-    if arrived == tiles_n - 1:
+def _loss(a_ptr, w_ptr, b_ptr, y_ptr, rows_ptr, d_ptr, dx_ptr, slots_ptr, M, inv_m, pid, programs,
+          N: tl.constexpr, K: tl.constexpr, BL: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          NP: tl.constexpr):
+    """logits = a @ w + b (rounded to a's dtype, as the fused step stores them) and d = (softmax -
+    onehot(y[rows])) / M in a's dtype, BL rows at a time; then those rows' input gradient dx = (d @
+    w^T) * (a > 0) in BN of a's K columns. A row block's d is whole in the program that made it, so
+    the last layer's dx needs no barrier: the tiles are (row block, BN columns of dx), each program
+    working out its rows' d (a short product: N is the classes), the first tile of a row block
+    storing d and the block's summed loss in its slot."""
+    offs_n = tl.arange(0, NP)
+    in_n = offs_n < N
+    chunks = tl.cdiv(K, BN)
+    for t in range(pid, tl.cdiv(M, BL) * chunks, programs):
+        block = t // chunks
+        offs_m = block * BL + tl.arange(0, BL)
+        in_m = offs_m < M
+        offs_k = (t % chunks) * BN + tl.arange(0, BN)
+        in_k = offs_k < K
+        # What the tile reads besides the product's operands, sent for before it so that it arrives
+        # while the product runs: the bias, the rows' labels, dx's ReLU mask (a) and w's rows offs_k.
+        bias = tl.load(b_ptr + offs_n, mask=in_n, other=0.0, cache_modifier=".cg")
         rows = tl.load(rows_ptr + offs_m, mask=in_m, other=0)
         label = tl.load(y_ptr + rows, mask=in_m, other=0)
-        bias = tl.load(b_ptr + offs_c, mask=in_c, other=0.0, cache_modifier=".cg")
-        acc = tl.zeros((BL, NP), dtype=tl.float32)
-        for q in range(0, tiles_n):
-            acc += tl.load(plog + q * M * NP, mask=in_m[:, None], other=0.0, cache_modifier=".cg")
-        logits = (acc + bias[None, :]).to(d_ptr.dtype.element_ty).to(tl.float32)
-        logits = tl.where(in_c[None, :], logits, float("-inf"))
+        a = _load_a(a_ptr, offs_m, offs_k, in_m[:, None] & in_k[None, :], K, False)
+        w_t = tl.load(w_ptr + offs_n[:, None] + offs_k[None, :] * N, mask=in_n[:, None] & in_k[None, :],
+                      other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
+        acc = _tile_product(a_ptr, offs_m, in_m, w_ptr, offs_n, in_n, 0, K, N, K, False, BL, NP, BK)
+        acc += bias[None, :]
+        logits = acc.to(d_ptr.dtype.element_ty).to(tl.float32)
+        logits = tl.where(in_n[None, :], logits, float("-inf"))
         top = tl.max(logits, axis=1)
         e = tl.exp(logits - top[:, None])
         total = tl.sum(e, axis=1)
-        hit = offs_c[None, :] == label[:, None]
+        hit = offs_n[None, :] == label[:, None]
         d = ((e / total[:, None] - tl.where(hit, 1.0, 0.0)) * inv_m).to(d_ptr.dtype.element_ty)
-        loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
-        tl.store(d_ptr + offs_m[:, None] * N + offs_c[None, :], d, mask=in_m[:, None] & in_c[None, :])
-        tl.store(slots_ptr + block, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
-        for k0 in range(0, K, BN):
-            offs_k = k0 + tl.arange(0, BN)
-            in_k = offs_k < K
-            mask = in_m[:, None] & in_k[None, :]
-            a = _load_a(a_ptr, offs_m, offs_k, mask, K, False)
-            w_t = tl.load(w_ptr + offs_c[:, None] + offs_k[None, :] * N, mask=in_c[:, None] & in_k[None, :],
-                          other=0.0, cache_modifier=".cg")  # (NP, BN): w's rows offs_k, transposed
-            dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
-            tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
-                     mask=mask)
-        tl.store(row_counts_ptr + block, 0)
+        if t % chunks == 0:
+            loss = top + tl.log(total) - tl.sum(tl.where(hit, logits, 0.0), axis=1)
+            tl.store(d_ptr + offs_m[:, None] * N + offs_n[None, :], d, mask=in_m[:, None] & in_n[None, :])
+            tl.store(slots_ptr + block, tl.sum(tl.where(in_m, loss, 0.0), axis=0))
+        dx = _dot(d, w_t.to(d.dtype), tl.zeros((BL, BN), dtype=tl.float32), tl.float32, 0)
+        tl.store(dx_ptr + offs_m[:, None] * K + offs_k[None, :], tl.where(a > 0, dx, 0.0).to(dx_ptr.dtype.element_ty),
+                 mask=in_m[:, None] & in_k[None, :])
 
 
 @triton.jit
@@ -330,12 +307,12 @@ def _update(a_ptr, rows_ptr, d_ptr, w_ptr, b_ptr, w_buf_ptr, b_buf_ptr, t, M, lr
 
 @triton.jit(do_not_specialize=["steps", "epoch_steps"])  # one compile for every segment
 def _train_kernel(
-    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, counts_ptr, plog_ptr, slots_ptr,
-    losses_ptr, counter_ptr,
+    x_ptr, y_ptr, batches_ptr, p_ptr, buf_ptr, acts_ptr, grads_ptr, part_ptr, counts_ptr, slots_ptr, losses_ptr,
+    counter_ptr,
     pos_ptr, stamps_ptr, steps, epoch_steps, lr, momentum, weight_decay, inv_m,
     M: tl.constexpr, IN: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, LAYERS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, BR0: tl.constexpr, BC: tl.constexpr,
-    BL: tl.constexpr, ROWS0: tl.constexpr, NP: tl.constexpr, SPLIT_K: tl.constexpr,
+    BL: tl.constexpr, NP: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_MOMENTUM: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STAMPS: tl.constexpr,
     PREFETCH: tl.constexpr, AHEAD: tl.constexpr, LINES: tl.constexpr,
 ):
@@ -350,34 +327,28 @@ def _train_kernel(
     W1: tl.constexpr = IN * H + H  # Layout.offsets: W_0, b_0, then (H x H + H) a hidden layer, then W_L, b_L
     N1: tl.constexpr = OUT if LAYERS == 1 else H  # W_1's columns
     d_last = grads_ptr + LAYERS * MH
-    w_last = W1 + (LAYERS - 1) * (H * H + H)
-    row_counts = counts_ptr + tl.cdiv(M, ROWS0) * tl.cdiv(H, BN)  # past the first layer's tiles' counts
     arrivals = 0
     for step in range(steps):
         s = (first + step) % epoch_steps
         rows = batches_ptr + s * M
-        if PREFETCH:  # the next step's rows this program sends for (row r by program r mod programs)
-            ahead = pid + tl.arange(0, AHEAD) * programs
-            ahead_rows = tl.load(batches_ptr + (s + 1) % epoch_steps * M + ahead, mask=ahead < M, other=0)
-        # Each layer's forward; the last one's tiles (BL rows) go on to the loss.
         _forward(x_ptr, rows, p_ptr, p_ptr + IN * H, acts_ptr, part_ptr, counts_ptr, M, pid, programs, H, IN, True,
-                 SPLIT_K, ROWS0, BN, BK, LAYERS == 1, p_ptr + w_last, p_ptr + w_last + H * OUT, y_ptr, d_last,
-                 grads_ptr + (LAYERS - 1) * MH, plog_ptr, row_counts, slots_ptr, inv_m, OUT, NP)
+                 SPLIT_K, BM, BN, BK)
         arrivals += programs
         _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         for l in tl.static_range(1, LAYERS):
             w = W1 + (l - 1) * (H * H + H)
-            if l == LAYERS - 1:
-                _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr,
-                         counts_ptr, M, pid, programs, H, H, False, 1, BL, BN, BK, True, p_ptr + w_last,
-                         p_ptr + w_last + H * OUT, y_ptr, d_last, grads_ptr + (LAYERS - 1) * MH, plog_ptr,
-                         row_counts, slots_ptr, inv_m, OUT, NP)
-            else:
-                _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr,
-                         counts_ptr, M, pid, programs, H, H, False, 1, BM, BN, BK, False, p_ptr, p_ptr, y_ptr,
-                         d_last, d_last, plog_ptr, row_counts, slots_ptr, inv_m, OUT, NP)
+            _forward(acts_ptr + (l - 1) * MH, rows, p_ptr + w, p_ptr + w + H * H, acts_ptr + l * MH, part_ptr,
+                     counts_ptr, M, pid, programs, H, H, False, 1, BM, BN, BK)
             arrivals += programs
             _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
+        w_last = W1 + (LAYERS - 1) * (H * H + H)
+        if PREFETCH:  # the next step's rows this program sends for (row r by program r mod programs)
+            ahead = pid + tl.arange(0, AHEAD) * programs
+            ahead_rows = tl.load(batches_ptr + (s + 1) % epoch_steps * M + ahead, mask=ahead < M, other=0)
+        _loss(acts_ptr + (LAYERS - 1) * MH, p_ptr + w_last, p_ptr + w_last + H * OUT, y_ptr, rows, d_last,
+              grads_ptr + (LAYERS - 1) * MH, slots_ptr, M, inv_m, pid, programs, OUT, H, BL, BN, BK, NP)
+        arrivals += programs
+        _end_phase(counter_ptr, arrivals, stamps_ptr, pid, programs, STAMPS)
         if PREFETCH:  # into L2 the step's remaining phases (one or more) before the next step's first layer reads them
             _prefetch_rows(x_ptr, y_ptr, ahead_rows, ahead < M, IN, LINES)
         if pid == programs - 1:  # the step's loss: the row blocks' sums in slot order
@@ -427,7 +398,7 @@ class Plan:
     programs: int
     args: dict
     counter: torch.Tensor
-    tile_counts: torch.Tensor  # the arrivals' counts (arrival_counts), zero between launches
+    tile_counts: torch.Tensor  # the first layer's split slices' (slice_counts), zero between launches
     stamps: torch.Tensor | None
 
     def run(self, steps: int) -> None:
@@ -457,7 +428,7 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
     programs = _programs(cfg, layout, device)
     m, h = layout.batch, layout.hidden
     counter = torch.zeros(1, dtype=torch.int32, device=device)
-    tile_counts = torch.zeros(arrival_counts(layout, cfg), dtype=torch.int32, device=device)
+    tile_counts = torch.zeros(slice_counts(layout, cfg), dtype=torch.int32, device=device)
     split = cfg["SPLIT_K"]
     args = dict(
         x_ptr=x, y_ptr=y, batches_ptr=batches, p_ptr=params, buf_ptr=bufs if momentum else params,
@@ -465,8 +436,6 @@ def plan(x: torch.Tensor, y: torch.Tensor, batches: torch.Tensor, pos: torch.Ten
         grads_ptr=torch.empty(layout.gradient_elems, dtype=x.dtype, device=device),
         part_ptr=torch.empty(split * m * h if split > 1 else 1, dtype=torch.float32, device=device),
         counts_ptr=tile_counts,
-        plog_ptr=torch.empty(triton.cdiv(h, cfg["BN"]) * m * _classes_padded(layout), dtype=torch.float32,
-                             device=device),
         slots_ptr=torch.empty(triton.cdiv(m, cfg["BL"]), dtype=torch.float32, device=device),
         losses_ptr=losses, counter_ptr=counter, pos_ptr=pos, stamps_ptr=counter if stamps is None else stamps,
         epoch_steps=batches.shape[0], lr=lr, momentum=momentum, weight_decay=weight_decay, inv_m=1.0 / m,
@@ -488,15 +457,10 @@ def constants(layout: Layout, cfg: dict, momentum: bool, weight_decay: bool, sta
     inline PTX), AHEAD rows a program, each in LINES points a line apart (enough for 4-byte elements)."""
     tiles = {k: cfg[k] for k in ("BM", "BN", "BK", "BR", "BR0", "BC", "BL", "SPLIT_K")}
     return dict(M=layout.batch, IN=layout.inputs, H=layout.hidden, OUT=layout.classes, LAYERS=layout.layers, **tiles,
-                ROWS0=first_layer_rows(layout, cfg), NP=_classes_padded(layout),
+                NP=max(16, triton.next_power_of_2(layout.classes)),
                 HAS_MOMENTUM=momentum, HAS_WEIGHT_DECAY=weight_decay, STAMPS=stamps,
                 PREFETCH=not rt.interpreting(), AHEAD=triton.next_power_of_2(triton.cdiv(layout.batch, programs)),
                 LINES=triton.next_power_of_2(triton.cdiv(4 * layout.inputs, 128) + 1))
-
-
-def _classes_padded(layout: Layout) -> int:
-    """The logits' columns as the kernel holds them: a power of two, at least tl.dot's 16."""
-    return max(16, triton.next_power_of_2(layout.classes))
 
 
 def _programs(cfg: dict, layout: Layout, device: torch.device) -> int:
